@@ -1,0 +1,34 @@
+# Set-up and everyday commands. Each target creates .venv if missing and installs
+# the pinned dependencies (constraints.txt) and tori in editable mode.
+
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.tori-installed
+PYTEST_ARGS ?=
+
+.PHONY: all venv demo test bench clean
+
+all: test
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(STAMP): $(PY) pyproject.toml constraints.txt
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m tori.demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) benchmarks/run.py --json benchmarks/results/latest.json
+
+clean:
+	rm -rf $(VENV) build python/*.egg-info .pytest_cache

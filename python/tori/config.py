@@ -1,0 +1,123 @@
+"""Options of tori: one frozen dataclass, read from `torch.compile(options=...)`
+and from TORI_* environment variables in one place.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from tori.errors import OptionsError
+from tori.targets import Target
+
+
+class Fallback(str, enum.Enum):
+    EAGER = "eager"  # run a graph that cannot be compiled in eager PyTorch, with a warning
+    ERROR = "error"  # raise tori.errors.CompileError
+
+
+class Driver(str, enum.Enum):
+    AUTO = "auto"  # measure local-sync and local-task on the first calls, keep the faster
+    LOCAL_SYNC = "local-sync"
+    LOCAL_TASK = "local-task"
+
+
+def _enum_value(enum_cls: type[enum.Enum], what: str, value: Any) -> enum.Enum:
+    if isinstance(value, enum_cls):
+        return value
+    try:
+        return enum_cls(value)
+    except ValueError:
+        raise OptionsError(what, value, [m.value for m in enum_cls]) from None
+
+
+@dataclass(frozen=True)
+class Options:
+    """Everything that changes how tori compiles and runs a graph."""
+
+    target: Target = Target.CPU
+    fallback: Fallback = Fallback.EAGER
+    driver: Driver = Driver.AUTO
+    # LLVM CPU name for llvm-cpu; "host" is resolved to the actual CPU of this machine.
+    cpu: str = "host"
+    # Extra flags appended to every iree-compile invocation.
+    iree_flags: tuple[str, ...] = ()
+    # tori pass pipeline applied at the `tori` stage (comma-separated pass names).
+    pipeline: str = ""
+    # Where failing IR and its reproducer command are written.
+    repro_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "tori-repro")
+    # When set, every stage of every compiled graph is written here.
+    dump_dir: Path | None = None
+    # iree-compile is killed after this many seconds.
+    compile_timeout_s: float = 900.0
+
+    def replace(self, **changes: Any) -> "Options":
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def from_mapping(cls, options: Mapping[str, Any] | None, base: "Options | None" = None) -> "Options":
+        """Validate user options (e.g. `torch.compile(..., options={...})`) over a base."""
+        base = base if base is not None else from_environment()
+        if not options:
+            return base
+        unknown = sorted(set(options) - set(cls.names()))
+        if unknown:
+            raise OptionsError(
+                "tori option", unknown[0], cls.names(),
+                hint="Pass options as torch.compile(model, backend='tori', options={...})",
+            )
+        return base.replace(**{k: _coerce(k, v) for k, v in options.items()})
+
+
+def _coerce(name: str, value: Any) -> Any:
+    if name == "target":
+        return _enum_value(Target, "target", value)
+    if name == "fallback":
+        return _enum_value(Fallback, "fallback", value)
+    if name == "driver":
+        return _enum_value(Driver, "driver", value)
+    if name in ("repro_dir", "dump_dir"):
+        return None if value is None else Path(value)
+    if name == "iree_flags":
+        if isinstance(value, str):
+            return tuple(value.split())
+        return tuple(str(v) for v in value)
+    if name == "compile_timeout_s":
+        value = float(value)
+        if value <= 0:
+            raise OptionsError("compile_timeout_s", value, ["a positive number of seconds"])
+        return value
+    if name in ("cpu", "pipeline"):
+        if not isinstance(value, str):
+            raise OptionsError(name, value, ["a string"])
+        return value
+    return value
+
+
+# TORI_* environment variables, each naming one Options field.
+ENVIRONMENT = {
+    "TORI_TARGET": "target",
+    "TORI_FALLBACK": "fallback",
+    "TORI_DRIVER": "driver",
+    "TORI_CPU": "cpu",
+    "TORI_IREE_FLAGS": "iree_flags",
+    "TORI_PIPELINE": "pipeline",
+    "TORI_REPRO_DIR": "repro_dir",
+    "TORI_DUMP_DIR": "dump_dir",
+    "TORI_COMPILE_TIMEOUT": "compile_timeout_s",
+}
+
+
+def from_environment(environ: Mapping[str, str] | None = None) -> Options:
+    environ = os.environ if environ is None else environ
+    values = {field_name: _coerce(field_name, environ[var]) for var, field_name in ENVIRONMENT.items() if environ.get(var)}
+    return Options(**values)

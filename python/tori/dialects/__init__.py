@@ -1,0 +1,1 @@
+"""The `tori` MLIR dialect, defined in Python (IRDL through torch_mlir.dialects.ext)."""

@@ -1,0 +1,95 @@
+"""The Dynamo backend `tori`: TorchDynamo's FX graph -> AOTAutograd (forward,
+backward, inference) -> one compiled IREE module per AOT graph.
+
+Registered through the `torch_dynamo_backends` entry point, so
+`torch.compile(model, backend="tori")` works without `import tori`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import Any, Callable
+
+import torch
+import torch.fx
+from torch._dynamo.backends.common import aot_autograd
+
+from tori.config import Fallback, Options
+from tori.errors import CompileError, OptionsError, through_dynamo
+from tori.frontend.compile_graph import compile_graph
+from tori.frontend.records import CompileRecord, GraphRecord, new_record
+from tori.frontend.repro import write_repro
+from tori.stages import Stage
+from tori.stats import counters
+
+log = logging.getLogger("tori.backend")
+
+
+@functools.lru_cache(maxsize=1)
+def decomposition_table() -> dict:
+    """Decompositions applied while AOTAutograd traces: Torch-MLIR's table for its importer."""
+    from torch_mlir.extras.fx_decomp_util import get_decomposition_table
+
+    return get_decomposition_table()
+
+
+def tori_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], options: dict | None = None, **unknown: Any):
+    """Compile one Dynamo graph with tori; options as in `torch.compile(..., options={...})`."""
+    if unknown:
+        raise OptionsError(
+            "torch.compile argument for backend 'tori'", sorted(unknown)[0], ["options"],
+            hint="tori takes its settings as options={...}; mode= is not supported",
+        )
+    opts = Options.from_mapping(options)
+    record = new_record(opts)
+    record.dynamo_code = gm.code
+    compilers = {kind: _aot_compiler(record, kind) for kind in ("forward", "backward", "inference")}
+    try:
+        return aot_autograd(
+            fw_compiler=compilers["forward"],
+            bw_compiler=compilers["backward"],
+            inference_compiler=compilers["inference"],
+            decompositions=decomposition_table(),
+        )(gm, example_inputs)
+    except CompileError:
+        raise
+    except Exception as error:
+        # AOTAutograd itself could not trace the graph: the whole Dynamo graph falls back.
+        failure = CompileError(f"AOTAutograd failed: {type(error).__name__}: {error}", stage=Stage.ATEN.value, graph=record.name)
+        failure.__cause__ = error
+        record.error = write_repro(failure, opts.repro_dir, gm=gm)
+        return _fall_back(record.error, gm, opts)
+
+
+def _aot_compiler(record: CompileRecord, kind: str) -> Callable:
+    def compile_aot_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]):
+        graph = GraphRecord(name=f"{record.name}_{kind}", kind=kind)
+        record.graphs.append(graph)
+        try:
+            compiled = compile_graph(gm, record.options, graph)
+        except CompileError as error:
+            graph.error = error
+            return _fall_back(error, gm, record.options)
+        counters.compiled_graphs += 1
+        return compiled
+
+    return compile_aot_graph
+
+
+def _fall_back(error: CompileError, gm: torch.fx.GraphModule, options: Options) -> Callable:
+    if options.fallback is Fallback.ERROR:
+        raise through_dynamo(error)
+    counters.fallback_graphs += 1
+    where = f"stage '{error.stage}'" + (f", op {error.op}" if error.op else "")
+    log.warning(
+        "tori: graph %s runs in eager PyTorch (%s): %s%s",
+        error.graph, where, error.reason.splitlines()[0] if error.reason else "",
+        f"; repro: {error.command}" if error.command else "",
+    )
+
+    def run_eagerly(*args):
+        counters.fallback_calls += 1
+        return gm(*args)
+
+    return run_eagerly

@@ -1,0 +1,75 @@
+"""One AOT graph through the stages torch -> tori -> iree -> vmfb, into a CompiledGraph.
+
+Any failure becomes a CompileError with a repro file; the caller decides between
+falling back to eager and raising.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import torch.fx
+
+from tori.config import Driver, Options
+from tori.errors import CompileError
+from tori.frontend.importer import import_graph, to_bytecode
+from tori.frontend.records import GraphRecord
+from tori.frontend.repro import write_repro
+from tori.passes import run_pipeline
+from tori.runtime.compiled_graph import CompiledGraph
+from tori.stages import Stage
+from tori.targets import spec
+from tori.targets.iree_compile import IreeInvocation, compile_flags, run_iree_compile
+
+log = logging.getLogger("tori.compile")
+
+
+def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecord) -> CompiledGraph:
+    """Compile one functional ATen graph; raise CompileError (with its repro) on failure."""
+    start = time.perf_counter()
+    record.stages[Stage.ATEN] = gm.code
+    module = None
+    invocation = None
+    try:
+        module, signature = import_graph(gm, graph_name=record.name)
+        record.stages[Stage.TORCH] = str(module)
+        if options.pipeline:
+            run_pipeline(module, options.pipeline, graph=record.name)
+            record.stages[Stage.TORI] = str(module)
+        else:
+            record.stages[Stage.TORI] = record.stages[Stage.TORCH]
+        invocation = IreeInvocation(tuple(compile_flags(options.target, options.cpu, options.iree_flags)))
+        record.stages[Stage.IREE] = invocation.shell_command(f"{record.name}.mlirbc", f"{record.name}.vmfb")
+        vmfb = run_iree_compile(to_bytecode(module), invocation, graph=record.name, timeout_s=options.compile_timeout_s)
+        record.stages[Stage.VMFB] = vmfb
+        drivers = spec(options.target).drivers if options.driver is Driver.AUTO else (options.driver.value,)
+        compiled = CompiledGraph(record.name, vmfb, signature, drivers)
+    except CompileError as error:
+        failing_ir = record.stages[Stage.TORI] if Stage.TORI in record.stages else (
+            record.stages[Stage.TORCH] if Stage.TORCH in record.stages else None)
+        raise write_repro(error, options.repro_dir, gm=gm, mlir=failing_ir, iree_command=invocation,
+                          pipeline=options.pipeline)
+    finally:
+        record.compile_seconds = time.perf_counter() - start
+        if options.dump_dir is not None:
+            dump_stages(record, options.dump_dir)
+    record.compiled = compiled
+    log.debug("compiled %s (%s) in %.2f s", record.name, record.kind, record.compile_seconds)
+    return compiled
+
+
+def dump_stages(record: GraphRecord, dump_dir: Path) -> None:
+    """Write each stage's artifact as <dump_dir>/<graph>.<stage>.<ext>."""
+    suffix = {Stage.DYNAMO: "py", Stage.ATEN: "py", Stage.TORCH: "mlir", Stage.TORI: "mlir", Stage.IREE: "sh", Stage.VMFB: "vmfb"}
+    try:
+        dump_dir.mkdir(parents=True, exist_ok=True)
+        for stage, artifact in record.stages.items():
+            path = dump_dir / f"{record.name}.{stage.value}.{suffix[stage]}"
+            if isinstance(artifact, bytes):
+                path.write_bytes(artifact)
+            else:
+                path.write_text(artifact)
+    except OSError as error:
+        log.warning("could not dump the stages of %s to %s: %s", record.name, dump_dir, error)

@@ -1,0 +1,77 @@
+"""The `torch` stage: a functional ATen FX graph imported into Torch-MLIR's
+`torch` dialect by FxImporter.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+
+import torch
+import torch.fx
+from torch_mlir import ir
+from torch_mlir.dialects import torch as torch_d
+from torch_mlir.extras.fx_importer import FxImporter
+
+from tori.errors import CompileError, UnsupportedOpError
+from tori.frontend.signature import GraphSignature, split_outputs
+from tori.stages import Stage
+
+FUNC_NAME = "main"
+
+
+def new_context() -> ir.Context:
+    context = ir.Context()
+    torch_d.register_dialect(context)
+    return context
+
+
+def _computed_graph(graph: torch.fx.Graph, computed: list[torch.fx.Node]) -> torch.fx.Graph:
+    """A copy of `graph` whose output is only the values IREE computes."""
+    copy = torch.fx.Graph()
+    value_map: dict[torch.fx.Node, torch.fx.Node] = {}
+    copy.graph_copy(graph, value_map, return_output_node=False)
+    copy.output(tuple(value_map[n] for n in computed))
+    return copy
+
+
+_OP_IN_MESSAGE = re.compile(r"((?:aten|prims|torch\.ops|higher_order)[\w.:]*)")
+
+
+def _failing_op(graph: torch.fx.Graph, error: Exception) -> str | None:
+    match = _OP_IN_MESSAGE.search(str(error))
+    if match:
+        return match.group(1)
+    for node in graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, torch._ops.HigherOrderOperator):
+            return f"higher-order op {node.target.name()}"
+    return None
+
+
+def import_graph(gm: torch.fx.GraphModule, *, graph_name: str) -> tuple[ir.Module, GraphSignature]:
+    """Import a functional ATen graph as `func.func @main` in a fresh MLIR context."""
+    signature, computed = split_outputs(gm.graph)
+    graph = _computed_graph(gm.graph, computed)
+    importer = FxImporter(context=new_context())
+    try:
+        importer.import_stateless_graph(graph, func_name=FUNC_NAME)
+    except NotImplementedError as error:
+        raise UnsupportedOpError(
+            f"Torch-MLIR's FxImporter cannot import it: {error}",
+            stage=Stage.TORCH.value, graph=graph_name, op=_failing_op(graph, error),
+        ) from error
+    except Exception as error:
+        raise CompileError(
+            f"Torch-MLIR's FxImporter failed: {type(error).__name__}: {error}",
+            stage=Stage.TORCH.value, graph=graph_name, op=_failing_op(graph, error),
+        ) from error
+    module = importer.module
+    if not module.operation.verify():
+        raise CompileError("the imported torch-dialect module does not verify", stage=Stage.TORCH.value, graph=graph_name)
+    return module, signature
+
+
+def to_bytecode(module: ir.Module) -> bytes:
+    buffer = io.BytesIO()
+    module.operation.write_bytecode(buffer)
+    return buffer.getvalue()

@@ -1,0 +1,97 @@
+"""What tori keeps of every compilation: per Dynamo graph, the artifacts of every
+stage of each AOT graph (forward, backward or inference), and how it ended.
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import threading
+from dataclasses import dataclass, field
+
+from tori.config import Options
+from tori.errors import CompileError
+from tori.stages import Stage, StageArtifacts
+
+
+@dataclass
+class GraphRecord:
+    """One AOT graph: 'inference', 'forward' or 'backward'."""
+
+    name: str
+    kind: str
+    stages: StageArtifacts = field(default_factory=StageArtifacts)
+    compiled: object | None = None  # tori.runtime.compiled_graph.CompiledGraph
+    error: CompileError | None = None
+    compile_seconds: float = 0.0
+
+    @property
+    def fell_back(self) -> bool:
+        return self.compiled is None
+
+
+@dataclass
+class CompileRecord:
+    """One graph captured by TorchDynamo and everything tori made of it."""
+
+    name: str
+    options: Options
+    dynamo_code: str = ""
+    graphs: list[GraphRecord] = field(default_factory=list)
+    error: CompileError | None = None  # set when the whole Dynamo graph fell back
+
+    def graph(self, kind: str) -> GraphRecord | None:
+        return next((g for g in self.graphs if g.kind == kind), None)
+
+    @property
+    def forward(self) -> GraphRecord | None:
+        return self.graph("forward") or self.graph("inference")
+
+    @property
+    def backward(self) -> GraphRecord | None:
+        return self.graph("backward")
+
+    @property
+    def stages(self) -> StageArtifacts:
+        """The Dynamo graph, then every stage of its forward (or inference) graph."""
+        merged = StageArtifacts()
+        if self.dynamo_code:
+            merged[Stage.DYNAMO] = self.dynamo_code
+        if self.forward is not None:
+            for stage, artifact in self.forward.stages.items():
+                merged[stage] = artifact
+        return merged
+
+    @property
+    def fell_back(self) -> bool:
+        return self.error is not None or any(g.fell_back for g in self.graphs)
+
+
+_lock = threading.Lock()
+_records: collections.deque[CompileRecord] = collections.deque(maxlen=256)
+_ids = itertools.count()
+
+
+def new_record(options: Options) -> CompileRecord:
+    with _lock:
+        record = CompileRecord(name=f"graph{next(_ids)}", options=options)
+        _records.append(record)
+    return record
+
+
+def last_compile() -> CompileRecord:
+    """The record of the most recent graph Dynamo handed to tori."""
+    with _lock:
+        if not _records:
+            raise LookupError("tori has compiled nothing yet in this process (or since tori.compiler.reset())")
+        return _records[-1]
+
+
+def compile_records() -> list[CompileRecord]:
+    with _lock:
+        return list(_records)
+
+
+def clear_records() -> None:
+    with _lock:
+        _records.clear()

@@ -1,0 +1,73 @@
+"""How a functional ATen graph's Python-level inputs and outputs map onto the
+IREE function's arguments and results.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.fx
+
+
+class ArgKind(enum.Enum):
+    TENSOR = "tensor"
+    INT = "int"
+    FLOAT = "float"
+
+
+@dataclass(frozen=True)
+class Result:
+    """One Python-level output: the IREE result at `index`, or a constant `value`."""
+
+    index: int | None = None
+    value: Any = None
+    dtype: torch.dtype | None = None  # eager's dtype, for tensor results
+
+
+@dataclass(frozen=True)
+class GraphSignature:
+    args: tuple[ArgKind, ...]
+    results: tuple[Result, ...]
+    num_iree_results: int
+
+
+def _value(node: Any) -> Any:
+    return node.meta.get("val", node.meta.get("example_value")) if isinstance(node, torch.fx.Node) else node
+
+
+def arg_kind(node: torch.fx.Node) -> ArgKind:
+    val = _value(node)
+    if isinstance(val, torch.Tensor):
+        return ArgKind.TENSOR
+    if isinstance(val, (torch.SymFloat, float)):
+        return ArgKind.FLOAT
+    if isinstance(val, (torch.SymInt, torch.SymBool, int, bool)):
+        return ArgKind.INT
+    raise TypeError(f"graph input {node.name} has unsupported type {type(val).__name__}")
+
+
+def split_outputs(graph: torch.fx.Graph) -> tuple[GraphSignature, list[torch.fx.Node]]:
+    """Which outputs IREE computes (tensors and symbolic ints) and which are constants."""
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    output_node = next(n for n in reversed(graph.nodes) if n.op == "output")
+    raw = output_node.args[0]
+    outputs = list(raw) if isinstance(raw, (list, tuple)) else [raw]
+    computed: list[torch.fx.Node] = []
+    results = []
+    for out in outputs:
+        val = _value(out)
+        if isinstance(out, torch.fx.Node) and isinstance(val, (torch.Tensor, torch.SymInt, torch.SymFloat)):
+            dtype = val.dtype if isinstance(val, torch.Tensor) else None
+            results.append(Result(index=len(computed), dtype=dtype))
+            computed.append(out)
+        else:
+            results.append(Result(value=val))
+    signature = GraphSignature(
+        args=tuple(arg_kind(n) for n in placeholders),
+        results=tuple(results),
+        num_iree_results=len(computed),
+    )
+    return signature, computed

@@ -1,0 +1,73 @@
+"""The `tori` stage: tori's pass registry and textual pipelines.
+
+A pass is one function in its own module under passes/, registered by name with
+`@register_pass`; a pipeline is a comma-separated list of names. Names that are
+not tori passes are handed to MLIR's own pass parser (e.g. `canonicalize`, `cse`),
+so tori and upstream passes mix in one pipeline run by MLIR's PassManager.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from torch_mlir import ir
+from torch_mlir.passmanager import PassManager
+
+from tori.errors import CompileError, OptionsError
+from tori.stages import Stage
+
+PassFn = Callable[[ir.Operation, object], None]
+
+
+@dataclass(frozen=True)
+class RegisteredPass:
+    name: str
+    run: PassFn
+    description: str
+
+
+_REGISTRY: dict[str, RegisteredPass] = {}
+
+
+def register_pass(name: str) -> Callable[[PassFn], PassFn]:
+    def decorate(fn: PassFn) -> PassFn:
+        if name in _REGISTRY:
+            raise ValueError(f"tori pass '{name}' is registered twice")
+        doc = (fn.__doc__ or "").strip().splitlines()
+        _REGISTRY[name] = RegisteredPass(name, fn, doc[0] if doc else "")
+        return fn
+
+    return decorate
+
+
+def registered_passes() -> dict[str, RegisteredPass]:
+    return dict(_REGISTRY)
+
+
+def parse_pipeline(pipeline: str) -> list[str]:
+    return [name.strip() for name in pipeline.split(",") if name.strip()]
+
+
+def run_pipeline(module: ir.Module, pipeline: str, *, graph: str = "") -> None:
+    """Run a textual tori pipeline over `module` in place."""
+    names = parse_pipeline(pipeline)
+    if not names:
+        return
+    with module.context:
+        manager = PassManager("builtin.module")
+        for name in names:
+            registered = _REGISTRY.get(name)
+            if registered is not None:
+                manager.add(registered.run, name=name, argument=name, description=registered.description)
+                continue
+            try:
+                manager.add(name)
+            except ValueError:
+                raise OptionsError(
+                    "pass", name, sorted(_REGISTRY) + ["<any MLIR pass, e.g. canonicalize, cse>"]
+                ) from None
+        try:
+            manager.run(module.operation)
+        except Exception as error:
+            raise CompileError(f"pass pipeline '{pipeline}' failed: {error}", stage=Stage.TORI.value, graph=graph) from error

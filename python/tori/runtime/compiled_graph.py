@@ -1,0 +1,125 @@
+"""The per-call path of a compiled graph: torch tensors in, IREE invoke, torch
+tensors out, without copies on the CPU (DLPack both ways).
+
+The path is hot: it does no validation that Dynamo's guards already guarantee,
+and no logging.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import iree.runtime as rt
+import torch
+from torch.utils.dlpack import to_dlpack
+
+from tori.frontend.signature import ArgKind, GraphSignature
+from tori.runtime.module import LoadedModule
+from tori.stats import counters
+
+_DL_CPU = 1  # DLPack device type code of host memory
+
+# Calls spent timing each driver when the driver is chosen by measurement:
+# the first of each is a warm-up and is not counted.
+TRIAL_CALLS_PER_DRIVER = 4
+
+
+@dataclass
+class DriverChoice:
+    driver: str
+    reason: str
+    median_us: dict[str, float] = field(default_factory=dict)
+
+
+class CompiledGraph:
+    """A vmfb plus the signature that maps Python values onto its `main` function."""
+
+    def __init__(self, name: str, vmfb: bytes, signature: GraphSignature, drivers: tuple[str, ...]):
+        self.name = name
+        self.signature = signature
+        self._arg_kinds = signature.args
+        self._results = tuple((r.index, r.value, r.dtype) for r in signature.results)
+        self._num_results = signature.num_iree_results
+        self._vmfb = vmfb
+        self._modules = {d: LoadedModule(vmfb, d) for d in drivers}
+        self.calls = 0
+        if len(drivers) == 1:
+            self.driver_choice = DriverChoice(drivers[0], "set by the 'driver' option")
+            self._active = self._modules[drivers[0]]
+            self._call = self._call_active
+        else:
+            self.driver_choice = None
+            self._trials = [d for _ in range(TRIAL_CALLS_PER_DRIVER) for d in drivers]
+            self._timings: dict[str, list[float]] = {d: [] for d in drivers}
+            self._call = self._call_measuring
+
+    @property
+    def driver(self) -> str | None:
+        return self.driver_choice.driver if self.driver_choice else None
+
+    def __call__(self, *args):
+        return self._call(args)
+
+    def _call_active(self, args):
+        counters.compiled_calls += 1
+        return self._run(self._active, args)
+
+    def _call_measuring(self, args):
+        counters.compiled_calls += 1
+        driver = self._trials.pop(0)
+        start = time.perf_counter()
+        outputs = self._run(self._modules[driver], args)
+        self._timings[driver].append(time.perf_counter() - start)
+        if not self._trials:
+            self._settle()
+        return outputs
+
+    def _settle(self) -> None:
+        medians = {d: statistics.median(t[1:]) * 1e6 for d, t in self._timings.items()}
+        best = min(medians, key=medians.get)
+        others = ", ".join(f"{d} {us:.1f} us" for d, us in sorted(medians.items()))
+        self.driver_choice = DriverChoice(best, f"fastest median over {TRIAL_CALLS_PER_DRIVER - 1} timed calls each: {others}", medians)
+        self._active = self._modules[best]
+        self._modules = {best: self._active}
+        self._call = self._call_active
+        del self._trials, self._timings
+
+    def _run(self, module: LoadedModule, args):
+        self.calls += 1
+        packed = rt.VmVariantList(len(args))
+        import_tensor = module.device.from_dlpack_capsule
+        for kind, value in zip(self._arg_kinds, args):
+            if kind is ArgKind.TENSOR:
+                if value.requires_grad:
+                    value = value.detach()
+                if not value.is_contiguous():
+                    value = value.contiguous()
+                packed.push_ref(import_tensor(to_dlpack(value)))
+            elif kind is ArgKind.INT:
+                packed.push_int(int(value))
+            else:
+                packed.push_float(float(value))
+        results = module.invoke(packed, self._num_results)
+        export_tensor = module.device.create_dlpack_capsule
+        outputs = []
+        for index, value, dtype in self._results:
+            if index is None:
+                outputs.append(value)
+            elif dtype is None:
+                outputs.append(results.get_variant(index))
+            else:
+                tensor = torch.from_dlpack(export_tensor(results.get_as_object(index, rt.HalBufferView), _DL_CPU, 0))
+                if tensor.dtype is not dtype:
+                    tensor = _as_dtype(tensor, dtype)
+                outputs.append(tensor)
+        return outputs
+
+
+def _as_dtype(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # IREE has signless integers: an unsigned result comes back as the signed type
+    # of the same width, which a bit-for-bit view restores.
+    if tensor.element_size() == torch.empty((), dtype=dtype).element_size():
+        return tensor.view(dtype)
+    return tensor.to(dtype)
