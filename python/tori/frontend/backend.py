@@ -59,7 +59,7 @@ def tori_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], options: d
         failure = CompileError(f"AOTAutograd failed: {type(error).__name__}: {error}", stage=Stage.ATEN.value, graph=record.name)
         failure.__cause__ = error
         record.error = write_repro(failure, opts.repro_dir, gm=gm)
-        return _fall_back(record.error, gm, opts)
+        return _fall_back(record.error, gm, opts, boxed=False)
 
 
 def _aot_compiler(record: CompileRecord, kind: str) -> Callable:
@@ -70,14 +70,29 @@ def _aot_compiler(record: CompileRecord, kind: str) -> Callable:
             compiled = compile_graph(gm, record.options, graph)
         except CompileError as error:
             graph.error = error
-            return _fall_back(error, gm, record.options)
+            return _fall_back(error, gm, record.options, boxed=True)
         counters.compiled_graphs += 1
-        return compiled
+        return _boxed(compiled)
 
     return compile_aot_graph
 
 
-def _fall_back(error: CompileError, gm: torch.fx.GraphModule, options: Options) -> Callable:
+def _boxed(compiled) -> Callable:
+    # A plain function: Dynamo wraps backward graphs in `disable`, which keeps a
+    # function's attributes (here `_boxed_call`) but not an object's class attributes.
+    def run_compiled(args):
+        return compiled(args)
+
+    run_compiled._boxed_call = True
+    run_compiled.compiled_graph = compiled
+    return run_compiled
+
+
+def _fall_back(error: CompileError, gm: torch.fx.GraphModule, options: Options, *, boxed: bool) -> Callable:
+    """Run `gm` in eager PyTorch (counted), or raise when fallback is 'error'.
+
+    AOTAutograd calls its compiled graphs boxed (one list); Dynamo calls unboxed.
+    """
     if options.fallback is Fallback.ERROR:
         raise through_dynamo(error)
     counters.fallback_graphs += 1
@@ -92,4 +107,12 @@ def _fall_back(error: CompileError, gm: torch.fx.GraphModule, options: Options) 
         counters.fallback_calls += 1
         return gm(*args)
 
-    return run_eagerly
+    if not boxed:
+        return run_eagerly
+
+    def run_eagerly_boxed(args):
+        counters.fallback_calls += 1
+        return gm(*args)
+
+    run_eagerly_boxed._boxed_call = True
+    return run_eagerly_boxed

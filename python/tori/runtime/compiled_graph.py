@@ -59,7 +59,14 @@ class CompiledGraph:
     def driver(self) -> str | None:
         return self.driver_choice.driver if self.driver_choice else None
 
-    def __call__(self, *args):
+    # AOTAutograd calls compiled graphs with one list of arguments ("boxed").
+    _boxed_call = True
+
+    def __call__(self, args):
+        return self._call(args)
+
+    def run(self, *args):
+        """Call with positional arguments, as the ATen graph's placeholders are ordered."""
         return self._call(args)
 
     def _call_active(self, args):

@@ -1,0 +1,71 @@
+"""Helpers for tests that compare tori with eager PyTorch and prove that the
+graphs really ran compiled (a fallback never passes for success).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
+
+import torch
+
+from tori.stats import Counters, counters
+
+
+@dataclass
+class GraphCount:
+    """Counters accumulated inside a `count_graphs()` block (filled when it exits)."""
+
+    delta: Counters | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "delta" or self.delta is None:
+            raise AttributeError(name)
+        return getattr(self.delta, name)
+
+
+@contextlib.contextmanager
+def count_graphs() -> Iterator[GraphCount]:
+    result = GraphCount()
+    before = counters.snapshot()
+    try:
+        yield result
+    finally:
+        result.delta = counters.since(before)
+
+
+def _clone(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone().requires_grad_(value.requires_grad)
+    if isinstance(value, (list, tuple)):
+        return type(value)(_clone(v) for v in value)
+    if isinstance(value, torch.nn.Module):
+        return copy.deepcopy(value)
+    return value
+
+
+def assert_matches_eager(
+    fn: Callable,
+    *args: Any,
+    options: dict | None = None,
+    dynamic: bool | None = None,
+    rtol: float | None = None,
+    atol: float | None = None,
+    calls: int = 1,
+    check_dtype: bool = True,
+) -> Any:
+    """Compile `fn` with tori (fallback='error'), check every call against eager,
+    and assert that at least one graph compiled and every call ran compiled."""
+    torch._dynamo.reset()
+    expected = fn(*_clone(args))
+    compiled = torch.compile(fn, backend="tori", options={"fallback": "error", **(options or {})}, dynamic=dynamic)
+    with count_graphs() as count:
+        for _ in range(calls):
+            actual = compiled(*_clone(args))
+            torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol, check_dtype=check_dtype, equal_nan=True)
+    assert count.compiled_graphs >= 1, f"no graph was compiled by tori: {count.delta}"
+    assert count.fallback_graphs == 0 and count.fallback_calls == 0, f"a graph fell back to eager: {count.delta}"
+    assert count.compiled_calls >= calls, f"fewer compiled calls than calls: {count.delta}"
+    return actual
