@@ -99,6 +99,10 @@ def _coerce(name: str, value: Any) -> Any:
     if name in ("cpu", "pipeline"):
         if not isinstance(value, str):
             raise OptionsError(name, value, ["a string"])
+        if name == "pipeline":
+            from tori.passes import validate_pipeline
+
+            return validate_pipeline(value)
         return value
     return value
 

@@ -86,12 +86,13 @@ class ToriRuntimeError(ToriError, RuntimeError):
 _DYNAMO_CLASSES: dict[type, type] = {}
 
 
-def through_dynamo(error: CompileError) -> CompileError:
+def through_dynamo(error: ToriError) -> ToriError:
     """The same error, as an instance Dynamo lets through unwrapped.
 
     Dynamo wraps backend exceptions in BackendCompilerFailed unless they already
     are one; a subclass of both keeps `except tori.errors.CompileError` working
-    for users of `torch.compile(backend="tori")`.
+    (or `except tori.errors.OptionsError`) working for users of
+    `torch.compile(backend="tori")`.
     """
     from torch._dynamo.exc import BackendCompilerFailed
 

@@ -14,9 +14,10 @@ from typing import Any, Callable
 import torch
 import torch.fx
 from torch._dynamo.backends.common import aot_autograd
+from torch._dynamo.exc import BackendCompilerFailed
 
 from tori.config import Fallback, Options
-from tori.errors import CompileError, OptionsError, through_dynamo
+from tori.errors import CompileError, OptionsError, ToriError, through_dynamo
 from tori.frontend.compile_graph import compile_graph
 from tori.frontend.records import CompileRecord, GraphRecord, new_record
 from tori.frontend.repro import write_repro
@@ -28,20 +29,33 @@ log = logging.getLogger("tori.backend")
 
 @functools.lru_cache(maxsize=1)
 def decomposition_table() -> dict:
-    """Decompositions applied while AOTAutograd traces: Torch-MLIR's table for its importer."""
+    """Decompositions applied while AOTAutograd traces: Torch-MLIR's table for its
+    importer, plus ops that Torch-MLIR imports but IREE lowers wrongly or not at all."""
+    from torch._decomp import decomposition_table as aten_decompositions
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 
-    return get_decomposition_table()
+    aten = torch.ops.aten
+    return {
+        **get_decomposition_table(),
+        # IREE's own gelu(approximate='tanh') is off by up to 5e-5 in float32.
+        aten.gelu.default: aten_decompositions[aten.gelu.default],
+        # IREE lowers the named shift ops but not the Python operators `<<`, `>>` on tensors.
+        aten.__lshift__.Tensor: aten.bitwise_left_shift.Tensor,
+        aten.__rshift__.Tensor: aten.bitwise_right_shift.Tensor,
+    }
 
 
 def tori_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], options: dict | None = None, **unknown: Any):
     """Compile one Dynamo graph with tori; options as in `torch.compile(..., options={...})`."""
-    if unknown:
-        raise OptionsError(
-            "torch.compile argument for backend 'tori'", sorted(unknown)[0], ["options"],
-            hint="tori takes its settings as options={...}; mode= is not supported",
-        )
-    opts = Options.from_mapping(options)
+    try:
+        if unknown:
+            raise OptionsError(
+                "torch.compile argument for backend 'tori'", sorted(unknown)[0], ["options"],
+                hint="tori takes its settings as options={...}; mode= is not supported",
+            )
+        opts = Options.from_mapping(options)
+    except OptionsError as error:
+        raise through_dynamo(error) from None
     record = new_record(opts)
     record.dynamo_code = gm.code
     compilers = {kind: _aot_compiler(record, kind) for kind in ("forward", "backward", "inference")}
@@ -52,8 +66,10 @@ def tori_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], options: d
             inference_compiler=compilers["inference"],
             decompositions=decomposition_table(),
         )(gm, example_inputs)
-    except CompileError:
-        raise
+    except ToriError as error:
+        if isinstance(error, BackendCompilerFailed):
+            raise
+        raise through_dynamo(error) from None
     except Exception as error:
         # AOTAutograd itself could not trace the graph: the whole Dynamo graph falls back.
         failure = CompileError(f"AOTAutograd failed: {type(error).__name__}: {error}", stage=Stage.ATEN.value, graph=record.name)

@@ -26,13 +26,18 @@ def new_context() -> ir.Context:
     return context
 
 
-def _computed_graph(graph: torch.fx.Graph, computed: list[torch.fx.Node]) -> torch.fx.Graph:
-    """A copy of `graph` whose output is only the values IREE computes."""
+def _computed_graph(gm: torch.fx.GraphModule, computed: list[torch.fx.Node]) -> torch.fx.GraphModule:
+    """A copy of `gm` whose output is only the values IREE computes.
+
+    The copy is owned by a GraphModule over `gm`'s attributes: FxImporter reads
+    get_attr constants from the owning module, and its `as_strided` rewrite
+    registers the index tensors it generates there.
+    """
     copy = torch.fx.Graph()
     value_map: dict[torch.fx.Node, torch.fx.Node] = {}
-    copy.graph_copy(graph, value_map, return_output_node=False)
+    copy.graph_copy(gm.graph, value_map, return_output_node=False)
     copy.output(tuple(value_map[n] for n in computed))
-    return copy
+    return torch.fx.GraphModule(gm, copy)
 
 
 _OP_IN_MESSAGE = re.compile(r"((?:aten|prims|torch\.ops|higher_order)[\w.:]*)")
@@ -51,7 +56,7 @@ def _failing_op(graph: torch.fx.Graph, error: Exception) -> str | None:
 def import_graph(gm: torch.fx.GraphModule, *, graph_name: str) -> tuple[ir.Module, GraphSignature]:
     """Import a functional ATen graph as `func.func @main` in a fresh MLIR context."""
     signature, computed = split_outputs(gm.graph)
-    graph = _computed_graph(gm.graph, computed)
+    graph = _computed_graph(gm, computed).graph
     importer = FxImporter(context=new_context())
     try:
         importer.import_stateless_graph(graph, func_name=FUNC_NAME)

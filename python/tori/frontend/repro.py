@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import pickle
 import shlex
 import sys
 from pathlib import Path
@@ -28,23 +29,22 @@ def _tensor_spec(value) -> str:
     return repr(value)
 
 
-def _fx_script(gm: torch.fx.GraphModule, graph_name: str) -> str:
+def _fx_script(gm: torch.fx.GraphModule, graph_name: str, module_path: Path) -> str:
     specs = [_tensor_spec(n.meta.get("val")) for n in gm.graph.nodes if n.op == "placeholder"]
-    body = gm.code.strip()
+    readable = gm.print_readable(print_output=False).strip()
     return "\n".join([
-        f"# tori repro: the ATen graph '{graph_name}' that Torch-MLIR's FxImporter failed to import.",
+        f"# tori repro: the ATen graph '{graph_name}' that tori failed to import into the torch dialect.",
+        "# The graph (pickled beside this file):",
+        *("# " + line for line in readable.splitlines()),
         "import torch",
-        "from torch.fx.experimental.proxy_tensor import make_fx",
+        "import torch._dynamo  # loads every higher-order op that make_fx may meet",
+        "from torch.fx.passes.fake_tensor_prop import FakeTensorProp",
         "from tori.frontend.importer import import_graph",
         "",
-        "",
-        "class Repro(torch.nn.Module):",
-        *("    " + line for line in body.splitlines()),
-        "",
-        "",
+        f"graph_module = torch.load({str(module_path)!r}, weights_only=False)",
         f"args = [{', '.join(specs)}]",
-        "gm = make_fx(Repro())(*args)",
-        f"module, _ = import_graph(gm, graph_name={graph_name!r})",
+        "FakeTensorProp(graph_module).propagate(*args)  # the importer reads each node's meta['val']",
+        f"module, _ = import_graph(graph_module, graph_name={graph_name!r})",
         "print(module)",
         "",
     ])
@@ -56,8 +56,9 @@ def write_repro(error: CompileError, repro_dir: Path, *, gm: torch.fx.GraphModul
     try:
         repro_dir.mkdir(parents=True, exist_ok=True)
         if error.stage in (Stage.ATEN.value, Stage.TORCH.value) and gm is not None:
-            text = _fx_script(gm, error.graph)
-            path = _unique(repro_dir, error, text, ".py")
+            path = _unique(repro_dir, error, gm.code, ".py")
+            torch.save(gm, path.with_suffix(".pt"))
+            text = _fx_script(gm, error.graph, path.with_suffix(".pt"))
             command = shlex.join([sys.executable, str(path)])
         elif mlir is not None:
             path = _unique(repro_dir, error, mlir, ".mlir")
@@ -70,7 +71,7 @@ def write_repro(error: CompileError, repro_dir: Path, *, gm: torch.fx.GraphModul
         path.write_text(mlir if path.suffix == ".mlir" else text)
         path.with_suffix(".txt").write_text(f"{error}\n\nreproduce with:\n  {command}\n")
         return error.with_repro(path, command)
-    except OSError as os_error:
+    except (OSError, pickle.PicklingError, TypeError, AttributeError) as os_error:
         log.warning("could not write the repro file under %s: %s", repro_dir, os_error)
         return error
 

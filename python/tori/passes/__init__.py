@@ -49,6 +49,28 @@ def parse_pipeline(pipeline: str) -> list[str]:
     return [name.strip() for name in pipeline.split(",") if name.strip()]
 
 
+def _add_pass(manager: PassManager, name: str) -> None:
+    registered = _REGISTRY.get(name)
+    if registered is not None:
+        manager.add(registered.run, name=name, argument=name, description=registered.description)
+        return
+    try:
+        manager.add(name)
+    except ValueError:
+        raise OptionsError("pass", name, sorted(_REGISTRY) + ["<any MLIR pass, e.g. canonicalize, cse>"]) from None
+
+
+def validate_pipeline(pipeline: str) -> str:
+    """Raise OptionsError naming the first pass in `pipeline` that does not exist."""
+    from tori.frontend.importer import new_context
+
+    with new_context():
+        manager = PassManager("builtin.module")
+        for name in parse_pipeline(pipeline):
+            _add_pass(manager, name)
+    return pipeline
+
+
 def run_pipeline(module: ir.Module, pipeline: str, *, graph: str = "") -> None:
     """Run a textual tori pipeline over `module` in place."""
     names = parse_pipeline(pipeline)
@@ -57,16 +79,7 @@ def run_pipeline(module: ir.Module, pipeline: str, *, graph: str = "") -> None:
     with module.context:
         manager = PassManager("builtin.module")
         for name in names:
-            registered = _REGISTRY.get(name)
-            if registered is not None:
-                manager.add(registered.run, name=name, argument=name, description=registered.description)
-                continue
-            try:
-                manager.add(name)
-            except ValueError:
-                raise OptionsError(
-                    "pass", name, sorted(_REGISTRY) + ["<any MLIR pass, e.g. canonicalize, cse>"]
-                ) from None
+            _add_pass(manager, name)
         try:
             manager.run(module.operation)
         except Exception as error:

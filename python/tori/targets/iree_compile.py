@@ -50,6 +50,8 @@ class IreeInvocation:
 
 
 _OP_PATTERNS = (
+    # An op Torch-MLIR knows no definition of is imported as a generic torch.operator.
+    re.compile(r'"torch\.operator"[^\n]*?name = "([\w.]+)"'),
     re.compile(r"failed to legalize operation '([\w.]+)'"),
     re.compile(r"failed to legalize unresolved materialization.*?'([\w.]+)'"),
     re.compile(r"unsupported by backend.*?'([\w.]+)'"),

@@ -1,0 +1,265 @@
+"""The core pipeline end to end: registration, options, stages, fallback and
+error paths, graph breaks, inference, dynamic shapes and driver choice."""
+
+import logging
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import tori
+from tori.config import Fallback, Options, from_environment
+from tori.errors import CompileError, OptionsError, UnsupportedOpError
+from tori.stages import STAGES, Stage
+from tori.testing import assert_matches_eager, count_graphs
+
+
+def _unsupported(x):
+    # aten.i0 has no lowering in Torch-MLIR/IREE: the graph cannot compile.
+    return torch.special.i0(x) * 2 + 1
+
+
+def _run_python(code: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TORI_")}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+
+
+def test_backend_is_registered_in_a_fresh_interpreter_without_import():
+    done = _run_python(
+        "import sys, torch\n"
+        "assert 'tori' in torch.compiler.list_backends()\n"
+        "f = torch.compile(lambda x: x * 3 + 1, backend='tori')\n"
+        "print(f(torch.ones(2)).tolist())\n"
+        "from tori import counters\n"
+        "print(counters.compiled_graphs, counters.compiled_calls)\n"
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.split("\n")
+    assert lines[0] == "[4.0, 4.0]"
+    assert lines[1] == "1 1"
+
+
+def test_interpreter_exit_is_clean_after_running_compiled_code():
+    done = _run_python(
+        "import torch\n"
+        "f = torch.compile(lambda x: x.sin(), backend='tori')\n"
+        "f(torch.ones(3))\n"
+    )
+    assert done.returncode == 0, done.stderr
+    assert "leaked" not in done.stderr
+
+
+@pytest.mark.parametrize("options, what", [
+    ({"bogus": 1}, "tori option"),
+    ({"fallback": "maybe"}, "fallback"),
+    ({"target": "tpu"}, "target"),
+    ({"driver": "cuda-ish"}, "driver"),
+])
+def test_bad_options_name_the_valid_values(options, what):
+    with pytest.raises(OptionsError) as raised:
+        torch.compile(lambda x: x + 1, backend="tori", options=options)(torch.ones(2))
+    assert raised.value.what == what
+    assert raised.value.valid and all(v in str(raised.value) for v in raised.value.valid)
+
+
+def test_tori_compile_validates_options_before_the_first_call():
+    with pytest.raises(OptionsError, match="valid tori options: target, fallback"):
+        tori.compile(lambda x: x, options={"nope": True})
+
+
+def test_options_from_environment():
+    options = from_environment({"TORI_FALLBACK": "error", "TORI_IREE_FLAGS": "--a --b", "TORI_DRIVER": "local-sync"})
+    assert options.fallback is Fallback.ERROR
+    assert options.iree_flags == ("--a", "--b")
+    assert options.driver.value == "local-sync"
+    with pytest.raises(OptionsError, match="valid fallbacks: eager, error"):
+        from_environment({"TORI_FALLBACK": "sometimes"})
+    assert Options.from_mapping({"fallback": "error"}, base=Options()).fallback is Fallback.ERROR
+
+
+def test_every_stage_is_kept_in_order():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh())
+    with torch.no_grad():
+        assert_matches_eager(model, torch.randn(2, 4))
+    record = tori.last_compile()
+    assert list(record.stages) == list(STAGES)
+    assert "linear" in record.stages["dynamo"] or "l__self___0" in record.stages["dynamo"].lower()
+    assert "aten.mm" in record.stages["aten"] or "aten.addmm" in record.stages["aten"]
+    assert "torch.aten.tanh" in record.stages["torch"]
+    assert "func.func @main" in record.stages[Stage.TORI]
+    assert "--iree-input-type=torch" in record.stages["iree"]
+    assert record.stages["vmfb"][:8] and len(record.stages["vmfb"]) > 1000
+    assert record.forward.kind == "inference"
+    with pytest.raises(KeyError, match="not reached"):
+        tori.GraphRecord("g", "forward").stages["vmfb"]
+
+
+def test_training_keeps_forward_and_backward_stages():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    compiled = torch.compile(model, backend="tori", options={"fallback": "error"})
+    with count_graphs() as count:
+        compiled(torch.randn(5, 4)).sum().backward()
+    assert count.compiled_graphs == 2 and count.fallback_graphs == 0
+    record = tori.last_compile()
+    assert record.forward.kind == "forward" and record.backward is not None
+    assert "torch.aten" in record.backward.stages["torch"]
+    assert all(p.grad is not None for p in model.parameters())
+
+
+def test_fallback_to_eager_warns_once_with_stage_op_and_repro(tmp_path, caplog):
+    x = torch.randn(3, 5)
+    compiled = torch.compile(_unsupported, backend="tori", options={"repro_dir": str(tmp_path)})
+    with caplog.at_level(logging.WARNING, logger="tori"), count_graphs() as count:
+        result = compiled(x)
+        compiled(x)
+    torch.testing.assert_close(result, _unsupported(x))
+    assert count.compiled_graphs == 0 and count.fallback_graphs == 1
+    assert count.fallback_calls == 2 and count.compiled_calls == 0
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and r.name.startswith("tori")]
+    assert len(warnings) == 1
+    message = warnings[0].getMessage()
+    assert "stage 'iree'" in message and "torch.aten.i0" in message and "iree-compile" in message
+    repro = tori.last_compile().forward.error.repro
+    assert repro.parent == tmp_path and "torch.aten.i0" in repro.read_text()
+
+
+def test_fallback_error_raises_compile_error_whose_command_reproduces(tmp_path):
+    compiled = torch.compile(_unsupported, backend="tori", options={"fallback": "error", "repro_dir": str(tmp_path)})
+    with pytest.raises(CompileError) as raised:
+        compiled(torch.randn(3, 5))
+    error = raised.value
+    assert isinstance(error, UnsupportedOpError)
+    assert error.stage == "iree" and error.op == "torch.aten.i0"
+    assert error.repro.exists() and error.repro.with_suffix(".txt").exists()
+    assert "reproduce with" in str(error) and "what to do" in str(error)
+    done = subprocess.run(error.command, shell=True, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]})
+    assert done.returncode != 0 and "torch.aten.i0" in done.stderr
+
+
+def test_import_stage_failure_falls_back_and_names_the_stage(tmp_path):
+    def branchy(x):
+        return torch.cond(x.sum() > 0, lambda t: t.sin(), lambda t: t.cos(), (x,))
+
+    x = torch.randn(4)
+    compiled = torch.compile(branchy, backend="tori", options={"repro_dir": str(tmp_path)})
+    with count_graphs() as count:
+        torch.testing.assert_close(compiled(x), branchy(x))
+    assert count.fallback_graphs == 1 and count.fallback_calls == 1
+    error = tori.last_compile().forward.error
+    assert error.stage == "torch" and "cond" in error.op
+    assert error.repro.exists()
+
+
+def test_graph_break_compiles_each_graph():
+    def two_graphs(x):
+        y = torch.relu(x) * 2
+        torch._dynamo.graph_break()
+        return y.sum(dim=0) + x.mean()
+
+    records_before = len(tori.compile_records())
+    assert_matches_eager(two_graphs, torch.randn(4, 3))
+    assert len(tori.compile_records()) - records_before == 2
+
+
+def test_several_graphs_in_one_function_with_data_dependent_branch():
+    def branch(x):
+        if x.sum() > 0:  # a graph break: Dynamo cannot trace a tensor-valued condition
+            return x * 2
+        return x - 1
+
+    compiled = torch.compile(branch, backend="tori", options={"fallback": "error"})
+    with count_graphs() as count:
+        for x in (torch.ones(3), -torch.ones(3)):
+            torch.testing.assert_close(compiled(x), branch(x))
+    assert count.compiled_graphs >= 2 and count.fallback_graphs == 0
+
+
+def test_no_grad_inference_compiles_an_inference_graph():
+    model = torch.nn.Sequential(torch.nn.Linear(6, 6), torch.nn.GELU())
+    with torch.no_grad():
+        assert_matches_eager(model, torch.randn(2, 6))
+    assert tori.last_compile().forward.kind == "inference"
+    assert tori.last_compile().backward is None
+
+
+def test_dynamic_true_compiles_once_across_sizes():
+    def f(x, w):
+        return torch.softmax(x @ w, dim=-1).sum(dim=0)
+
+    compiled = torch.compile(f, backend="tori", dynamic=True, options={"fallback": "error"})
+    w = torch.randn(5, 3)
+    with count_graphs() as count:
+        for rows in (2, 3, 7, 16):
+            x = torch.randn(rows, 5)
+            torch.testing.assert_close(compiled(x, w), f(x, w))
+    assert count.compiled_graphs == 1 and count.compiled_calls == 4
+    assert "[?,?],f32" in tori.last_compile().stages["torch"]
+
+
+def test_mark_dynamic_batch_compiles_once():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    compiled = torch.compile(model, backend="tori", options={"fallback": "error"})
+    with torch.no_grad(), count_graphs() as count:
+        for batch in (2, 5, 9):
+            x = torch.randn(batch, 4)
+            torch._dynamo.mark_dynamic(x, 0)
+            torch.testing.assert_close(compiled(x), model(x))
+    assert count.compiled_graphs == 1 and count.compiled_calls == 3
+    assert "!torch.vtensor<[?,4],f32>" in tori.last_compile().stages["torch"]
+
+
+def test_dynamic_training_stays_correct_across_sizes():
+    model = torch.nn.Linear(3, 2)
+    reference = torch.nn.Linear(3, 2)
+    reference.load_state_dict(model.state_dict())
+    compiled = torch.compile(model, backend="tori", dynamic=True, options={"fallback": "error"})
+    with count_graphs() as count:
+        for batch in (2, 4, 6):
+            x = torch.randn(batch, 3)
+            compiled(x).square().sum().backward()
+            reference(x).square().sum().backward()
+    torch.testing.assert_close(model.weight.grad, reference.weight.grad)
+    torch.testing.assert_close(model.bias.grad, reference.bias.grad)
+    assert count.fallback_graphs == 0 and count.compiled_graphs == 2
+
+
+def test_driver_is_chosen_by_measurement_and_recorded():
+    compiled = torch.compile(lambda x: x * 2 + 1, backend="tori", options={"fallback": "error"})
+    x = torch.randn(8)
+    for _ in range(10):
+        torch.testing.assert_close(compiled(x), x * 2 + 1)
+    choice = tori.last_compile().forward.compiled.driver_choice
+    assert choice.driver in ("local-sync", "local-task")
+    assert set(choice.median_us) == {"local-sync", "local-task"}
+    assert choice.median_us[choice.driver] == min(choice.median_us.values())
+    assert "fastest median" in choice.reason
+
+
+def test_driver_option_pins_the_driver():
+    assert_matches_eager(lambda x: x.exp(), torch.randn(4), options={"driver": "local-task"}, calls=2)
+    choice = tori.last_compile().forward.compiled.driver_choice
+    assert choice.driver == "local-task" and "option" in choice.reason
+
+
+def test_dump_dir_writes_every_stage(tmp_path):
+    assert_matches_eager(lambda x: x.cos(), torch.randn(4), options={"dump_dir": str(tmp_path)})
+    names = sorted(p.name for p in tmp_path.iterdir())
+    stems = {n.split(".")[1] for n in names}
+    assert stems == {"aten", "torch", "tori", "iree", "vmfb"}
+    mlir = next(p for p in tmp_path.iterdir() if p.name.endswith(".torch.mlir"))
+    assert "torch.aten.cos" in mlir.read_text()
+
+
+def test_pipeline_option_runs_mlir_passes_at_the_tori_stage():
+    assert_matches_eager(lambda x: (x + 0) * 1, torch.randn(4), options={"pipeline": "canonicalize"})
+    record = tori.last_compile()
+    assert "torch.constant.int" in record.stages["torch"]
+    assert record.stages["tori"] != record.stages["torch"]
+
+
+def test_unknown_pass_in_pipeline_is_an_options_error():
+    with pytest.raises(OptionsError, match="unknown pass 'no-such-pass'"):
+        torch.compile(lambda x: x + 1, backend="tori", options={"pipeline": "no-such-pass", "fallback": "error"})(torch.ones(2))
