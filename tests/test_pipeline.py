@@ -263,3 +263,41 @@ def test_pipeline_option_runs_mlir_passes_at_the_tori_stage():
 def test_unknown_pass_in_pipeline_is_an_options_error():
     with pytest.raises(OptionsError, match="unknown pass 'no-such-pass'"):
         torch.compile(lambda x: x + 1, backend="tori", options={"pipeline": "no-such-pass", "fallback": "error"})(torch.ones(2))
+
+
+def test_parameters_updated_in_place_or_replaced_are_seen_by_the_next_call():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    # One pinned driver, so that every call goes through the same parameter cache.
+    compiled = torch.compile(model, backend="tori", options={"fallback": "error", "driver": "local-sync"})
+    x = torch.randn(3, 4)
+    with torch.no_grad(), count_graphs() as count:
+        for _ in range(3):
+            torch.testing.assert_close(compiled(x), model(x))
+        model[0].weight.mul_(-2.0)  # in place: the tensor's version changes
+        torch.testing.assert_close(compiled(x), model(x))
+        model[2].bias.data = torch.randn(2)  # new storage behind the same parameter
+        torch.testing.assert_close(compiled(x), model(x))
+        model.load_state_dict({k: torch.randn_like(v) for k, v in model.state_dict().items()})
+        torch.testing.assert_close(compiled(x), model(x))
+    assert count.compiled_graphs == 1 and count.compiled_calls == 6 and count.fallback_calls == 0
+
+
+def test_non_contiguous_parameter_updated_in_place_is_seen():
+    class Transposed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            # A non-contiguous parameter: tori passes IREE a dense copy of it.
+            self.weight = torch.nn.Parameter(torch.randn(4, 3).t())
+
+        def forward(self, x):
+            return x @ self.weight
+
+    model = Transposed()
+    assert not model.weight.is_contiguous()
+    compiled = torch.compile(model, backend="tori", options={"fallback": "error", "driver": "local-sync"})
+    x = torch.randn(2, 3)
+    with torch.no_grad(), count_graphs() as count:
+        torch.testing.assert_close(compiled(x), model(x))
+        model.weight.add_(1.0)
+        torch.testing.assert_close(compiled(x), model(x))
+    assert count.compiled_calls == 2 and count.fallback_calls == 0

@@ -12,6 +12,7 @@ import logging
 from typing import Any, Callable
 
 import torch
+import torch._guards
 import torch.fx
 from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.exc import BackendCompilerFailed
@@ -83,7 +84,7 @@ def _aot_compiler(record: CompileRecord, kind: str) -> Callable:
         graph = GraphRecord(name=f"{record.name}_{kind}", kind=kind)
         record.graphs.append(graph)
         try:
-            compiled = compile_graph(gm, record.options, graph)
+            compiled = compile_graph(gm, record.options, graph, _static_inputs(kind))
         except CompileError as error:
             graph.error = error
             return _fall_back(error, gm, record.options, boxed=True)
@@ -91,6 +92,14 @@ def _aot_compiler(record: CompileRecord, kind: str) -> Callable:
         return _boxed(compiled)
 
     return compile_aot_graph
+
+
+def _static_inputs(kind: str) -> frozenset[int]:
+    """Indices of the forward graph's inputs that are parameters or buffers."""
+    context = torch._guards.TracingContext.try_get()
+    if kind == "backward" or context is None or context.fw_metadata is None:
+        return frozenset()
+    return frozenset(context.fw_metadata.static_input_indices)
 
 
 def _boxed(compiled) -> Callable:

@@ -26,8 +26,12 @@ from tori.targets.iree_compile import IreeInvocation, compile_flags, run_iree_co
 log = logging.getLogger("tori.compile")
 
 
-def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecord) -> CompiledGraph:
-    """Compile one functional ATen graph; raise CompileError (with its repro) on failure."""
+def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecord,
+                  static_args: frozenset[int] = frozenset()) -> CompiledGraph:
+    """Compile one functional ATen graph; raise CompileError (with its repro) on failure.
+
+    `static_args` are the indices of inputs that are parameters or buffers.
+    """
     start = time.perf_counter()
     record.stages[Stage.ATEN] = gm.code
     module = None
@@ -45,7 +49,7 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
         vmfb = run_iree_compile(to_bytecode(module), invocation, graph=record.name, timeout_s=options.compile_timeout_s)
         record.stages[Stage.VMFB] = vmfb
         drivers = spec(options.target).drivers if options.driver is Driver.AUTO else (options.driver.value,)
-        compiled = CompiledGraph(record.name, vmfb, signature, drivers)
+        compiled = CompiledGraph(record.name, vmfb, signature, drivers, static_args)
     except CompileError as error:
         failing_ir = record.stages[Stage.TORI] if Stage.TORI in record.stages else (
             record.stages[Stage.TORCH] if Stage.TORCH in record.stages else None)

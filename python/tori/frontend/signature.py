@@ -14,6 +14,7 @@ import torch.fx
 
 class ArgKind(enum.Enum):
     TENSOR = "tensor"
+    STATIC_TENSOR = "static tensor"  # a parameter or buffer: the same tensor on every call
     INT = "int"
     FLOAT = "float"
 

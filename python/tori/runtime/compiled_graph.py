@@ -36,10 +36,17 @@ class DriverChoice:
 class CompiledGraph:
     """A vmfb plus the signature that maps Python values onto its `main` function."""
 
-    def __init__(self, name: str, vmfb: bytes, signature: GraphSignature, drivers: tuple[str, ...]):
+    def __init__(self, name: str, vmfb: bytes, signature: GraphSignature, drivers: tuple[str, ...],
+                 static_args: frozenset[int] = frozenset()):
         self.name = name
         self.signature = signature
-        self._arg_kinds = signature.args
+        # Per argument: how it is passed, and for parameters and buffers (static_args)
+        # a slot caching the imported buffer of the tensor last seen there.
+        self._arg_kinds = tuple(
+            ArgKind.STATIC_TENSOR if kind is ArgKind.TENSOR and i in static_args else kind
+            for i, kind in enumerate(signature.args)
+        )
+        self._static_slots: list[tuple | None] = [None] * len(signature.args)
         self._results = tuple((r.index, r.value, r.dtype) for r in signature.results)
         self._num_results = signature.num_iree_results
         self._vmfb = vmfb
@@ -93,17 +100,26 @@ class CompiledGraph:
         self._call = self._call_active
         del self._trials, self._timings
 
+    def _static_buffer(self, i: int, value: torch.Tensor, device):
+        # A parameter is the same tensor call after call: its imported buffer is reused
+        # until the tensor, its storage or its version (any in-place update) changes.
+        slot = self._static_slots[i]
+        if slot is not None and slot[0] is value and slot[1] == value._version and slot[2] == value.data_ptr() \
+                and slot[3] is device:
+            return slot[4]
+        buffer = device.from_dlpack_capsule(to_dlpack(_dense(value)))
+        self._static_slots[i] = (value, value._version, value.data_ptr(), device, buffer)
+        return buffer
+
     def _run(self, module: LoadedModule, args):
         self.calls += 1
         packed = rt.VmVariantList(len(args))
         import_tensor = module.device.from_dlpack_capsule
-        for kind, value in zip(self._arg_kinds, args):
+        for i, (kind, value) in enumerate(zip(self._arg_kinds, args)):
             if kind is ArgKind.TENSOR:
-                if value.requires_grad:
-                    value = value.detach()
-                if not value.is_contiguous():
-                    value = value.contiguous()
-                packed.push_ref(import_tensor(to_dlpack(value)))
+                packed.push_ref(import_tensor(to_dlpack(_dense(value))))
+            elif kind is ArgKind.STATIC_TENSOR:
+                packed.push_ref(self._static_buffer(i, value, module.device))
             elif kind is ArgKind.INT:
                 packed.push_int(int(value))
             else:
@@ -122,6 +138,14 @@ class CompiledGraph:
                     tensor = _as_dtype(tensor, dtype)
                 outputs.append(tensor)
         return outputs
+
+
+def _dense(value: torch.Tensor) -> torch.Tensor:
+    if value.requires_grad:
+        value = value.detach()
+    if not value.is_contiguous():
+        value = value.contiguous()
+    return value
 
 
 def _as_dtype(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
