@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import io
+import operator
 import re
 
 import torch
@@ -40,6 +41,26 @@ def _computed_graph(gm: torch.fx.GraphModule, computed: list[torch.fx.Node]) -> 
     return torch.fx.GraphModule(gm, copy)
 
 
+def _expand_sym_sums(graph: torch.fx.Graph) -> None:
+    """Rewrite `torch.sym_sum(terms)` (how symbolic shapes add up several sizes) as
+    a chain of `operator.add`, the form FxImporter imports for SymInts."""
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not torch.sym_sum:
+            continue
+        total, *terms = node.args[0]
+        with graph.inserting_before(node):
+            for term in terms:
+                partial = graph.call_function(operator.add, (total, term))
+                partial.meta["val"] = _meta_value(total) + _meta_value(term)
+                total = partial
+        node.replace_all_uses_with(total)
+        graph.erase_node(node)
+
+
+def _meta_value(arg):
+    return arg.meta["val"] if isinstance(arg, torch.fx.Node) else arg
+
+
 _OP_IN_MESSAGE = re.compile(r"((?:aten|prims|torch\.ops|higher_order)[\w.:]*)")
 
 
@@ -57,6 +78,7 @@ def import_graph(gm: torch.fx.GraphModule, *, graph_name: str) -> tuple[ir.Modul
     """Import a functional ATen graph as `func.func @main` in a fresh MLIR context."""
     signature, computed = split_outputs(gm.graph)
     graph = _computed_graph(gm, computed).graph
+    _expand_sym_sums(graph)
     importer = FxImporter(context=new_context())
     try:
         importer.import_stateless_graph(graph, func_name=FUNC_NAME)
