@@ -1,0 +1,276 @@
+"""Eager vs inductor vs tori on the benchmark models, all measured in one process.
+
+For each model: compile with each backend (the first call's time is the compile
+time), check the output against eager, check that tori really ran compiled,
+then time the three interleaved in rounds and report medians and ratios.
+
+    python benchmarks/run.py [--models mlp,cnn_bn] [--seconds 1.0] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+from importlib import metadata
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import tori  # noqa: E402
+from models import MODELS  # noqa: E402
+
+# Output tolerance against eager: compiled kernels reorder float reductions.
+RTOL = 1e-4
+ATOL = 1e-4
+# Timed rounds per configuration; interleaving rounds spreads machine noise
+# (frequency changes, other processes) evenly over the configurations.
+ROUNDS = 10
+# Calls before timing: enough for tori's driver trials (4 per driver) and caches.
+WARMUP_CALLS = 12
+
+
+@dataclass
+class Measurement:
+    median_ms: float | None = None
+    calls: int = 0
+    compile_s: float | None = None
+    error: str | None = None
+    driver: str | None = None  # tori only
+    fallback: str | None = None  # tori only: what ran in eager PyTorch instead
+
+
+@dataclass
+class ModelResult:
+    model: str
+    configs: dict[str, Measurement] = field(default_factory=dict)
+
+    def ratio(self, numerator: str, denominator: str) -> float | None:
+        top, bottom = self.configs[numerator].median_ms, self.configs[denominator].median_ms
+        if top is None or bottom is None:
+            return None
+        return top / bottom
+
+
+# Configuration name -> function turning the eager module into the callable to time.
+CONFIGS: dict[str, Callable[[torch.nn.Module], Callable]] = {}
+
+
+def config(name: str):
+    def add(make: Callable[[torch.nn.Module], Callable]) -> Callable[[torch.nn.Module], Callable]:
+        CONFIGS[name] = make
+        return make
+
+    return add
+
+
+@config("eager")
+def eager(model: torch.nn.Module) -> Callable:
+    return model
+
+
+@config("inductor")
+def inductor(model: torch.nn.Module) -> Callable:
+    return torch.compile(model)
+
+
+@config("tori")
+def tori_backend(model: torch.nn.Module) -> Callable:
+    # Default options: a graph tori cannot compile falls back to eager, which the
+    # counters reveal and the table reports, instead of ending the run.
+    return torch.compile(model, backend="tori")
+
+
+def _first_line(error: BaseException) -> str:
+    text = f"{type(error).__name__}: {error}".strip()
+    return text.splitlines()[0][:240]
+
+
+def _new_records(seen: set[str]) -> list[tori.CompileRecord]:
+    return [r for r in tori.compile_records() if r.name not in seen]
+
+
+def _compile_errors(records: list[tori.CompileRecord]) -> list[BaseException]:
+    errors = [r.error for r in records if r.error]
+    return errors + [g.error for r in records for g in r.graphs if g.error]
+
+
+def _tori_outcome(before: tori.stats.Counters, records: list[tori.CompileRecord], result: Measurement) -> None:
+    """Fill the driver and any fallback from tori's counters and compile records."""
+    delta = tori.counters.since(before)
+    drivers = {g.compiled.driver for r in records for g in r.graphs if g.compiled is not None and g.compiled.driver}
+    result.driver = ",".join(sorted(drivers)) or None
+    if delta.fallback_graphs or delta.fallback_calls or not delta.compiled_calls:
+        errors = _compile_errors(records)
+        reason = _first_line(errors[0]) if errors else "no call ran compiled"
+        result.fallback = f"{delta.fallback_graphs} graph(s) and {delta.fallback_calls} call(s) ran in eager: {reason}"
+
+
+def prepare(name: str, model: torch.nn.Module, inputs: tuple, expected: torch.Tensor) -> tuple[Callable | None, Measurement]:
+    """Build configuration `name`, time its first call, and check it against eager."""
+    result = Measurement()
+    try:
+        fn = CONFIGS[name](model)
+        start = time.perf_counter()
+        actual = fn(*inputs)
+        if name != "eager":
+            result.compile_s = time.perf_counter() - start
+        torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL)
+        for _ in range(WARMUP_CALLS):
+            fn(*inputs)
+    except Exception as error:
+        result.error = _first_line(error)
+        traceback.print_exc(limit=-3)
+        return None, result
+    return fn, result
+
+
+def calls_per_round(fn: Callable, inputs: tuple, seconds: float) -> int:
+    start = time.perf_counter()
+    fn(*inputs)
+    once = max(time.perf_counter() - start, 1e-6)
+    return max(1, int(seconds / ROUNDS / once))
+
+
+def time_interleaved(fns: dict[str, Callable], inputs: tuple, seconds: float) -> dict[str, list[float]]:
+    """Per-call seconds of each function, timed in ROUNDS rounds that alternate between them."""
+    counts = {name: calls_per_round(fn, inputs, seconds) for name, fn in fns.items()}
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    clock = time.perf_counter
+    for _ in range(ROUNDS):
+        for name, fn in fns.items():
+            samples = times[name]
+            for _ in range(counts[name]):
+                start = clock()
+                fn(*inputs)
+                samples.append(clock() - start)
+    return times
+
+
+def bench_model(model_name: str, seconds: float) -> ModelResult:
+    spec = MODELS[model_name]
+    model, inputs = spec.build(), spec.example_inputs()
+    result = ModelResult(model_name)
+    torch._dynamo.reset()
+    tori_before, seen = tori.counters.snapshot(), {r.name for r in tori.compile_records()}
+    with torch.no_grad():
+        expected = model(*inputs)
+        ready = {}
+        for name in CONFIGS:
+            fn, result.configs[name] = prepare(name, model, inputs, expected)
+            if fn is not None:
+                ready[name] = fn
+        for name, samples in time_interleaved(ready, inputs, seconds).items():
+            result.configs[name].median_ms = statistics.median(samples) * 1e3
+            result.configs[name].calls = len(samples)
+    _tori_outcome(tori_before, _new_records(seen), result.configs["tori"])
+    torch._dynamo.reset()
+    return result
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}x"
+
+
+def _s(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+COLUMNS = (
+    "model", "eager ms", "inductor ms", "tori ms", "tori speedup vs eager",
+    "tori speedup vs inductor", "inductor compile s", "tori compile s", "tori driver",
+)
+
+
+def table_rows(results: list[ModelResult]) -> list[tuple[str, ...]]:
+    rows = []
+    for r in results:
+        eager_m, inductor_m, tori_m = (r.configs[n] for n in ("eager", "inductor", "tori"))
+        tori_ms = _ms(tori_m.median_ms) + (" (fallback)" if tori_m.fallback else "")
+        rows.append((
+            r.model, _ms(eager_m.median_ms), _ms(inductor_m.median_ms) if not inductor_m.error else "error",
+            tori_ms if not tori_m.error else "error", _x(r.ratio("eager", "tori")), _x(r.ratio("inductor", "tori")),
+            _s(inductor_m.compile_s), _s(tori_m.compile_s), tori_m.driver or "-",
+        ))
+    return rows
+
+
+def format_table(results: list[ModelResult]) -> str:
+    rows = [COLUMNS, *table_rows(results)]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    problems = [
+        f"  {r.model} / {name}: {m.error or m.fallback}"
+        for r in results for name, m in r.configs.items() if m.error or m.fallback
+    ]
+    if problems:
+        lines += ["", "errors and fallbacks:", *problems]
+    return "\n".join(lines)
+
+
+PACKAGES = ("torch", "torch-mlir", "iree-base-compiler", "iree-base-runtime", "tori")
+
+
+def environment() -> dict:
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+        },
+        "versions": {"python": platform.python_version(), **{p: metadata.version(p) for p in PACKAGES}},
+    }
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default=",".join(MODELS), help="comma-separated subset of: " + ", ".join(MODELS))
+    parser.add_argument("--seconds", type=float, default=1.0, help="timing per model and configuration (default 1.0)")
+    parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    args = parser.parse_args(argv)
+    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    unknown = [m for m in args.models if m not in MODELS]
+    if unknown:
+        parser.error(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(MODELS)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    # Other processes on a 2-core machine distort every figure: the load is reported with them.
+    load_before = os.getloadavg()[0]
+    results = []
+    for name in args.models:
+        print(f"benchmarking {name} ...", flush=True)
+        results.append(bench_model(name, args.seconds))
+    load_after = os.getloadavg()[0]
+    print()
+    print(format_table(results))
+    print(f"\n1-minute load average: {load_before:.2f} before, {load_after:.2f} after ({os.cpu_count()} CPUs)")
+    if args.json:
+        report = {**environment(), "load_average_1min": {"before": load_before, "after": load_after},
+                  "seconds_per_measurement": args.seconds, "columns": COLUMNS,
+                  "table": table_rows(results), "results": [asdict(r) for r in results]}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
