@@ -16,10 +16,11 @@ import os
 import platform
 import statistics
 import sys
+import tempfile
 import time
 import traceback
-from importlib import metadata
 from dataclasses import asdict, dataclass, field
+from importlib import metadata
 from pathlib import Path
 from typing import Callable
 
@@ -43,6 +44,7 @@ WARMUP_CALLS = 12
 @dataclass
 class Measurement:
     median_ms: float | None = None
+    min_ms: float | None = None  # the least disturbed call, for comparison with the median
     calls: int = 0
     compile_s: float | None = None
     error: str | None = None
@@ -136,10 +138,12 @@ def prepare(name: str, model: torch.nn.Module, inputs: tuple, expected: torch.Te
 
 
 def calls_per_round(fn: Callable, inputs: tuple, seconds: float) -> int:
-    start = time.perf_counter()
-    fn(*inputs)
-    once = max(time.perf_counter() - start, 1e-6)
-    return max(1, int(seconds / ROUNDS / once))
+    samples = []
+    for _ in range(5):
+        start = time.perf_counter()
+        fn(*inputs)
+        samples.append(time.perf_counter() - start)
+    return max(1, int(seconds / ROUNDS / max(statistics.median(samples), 1e-6)))
 
 
 def time_interleaved(fns: dict[str, Callable], inputs: tuple, seconds: float) -> dict[str, list[float]]:
@@ -172,6 +176,7 @@ def bench_model(model_name: str, seconds: float) -> ModelResult:
                 ready[name] = fn
         for name, samples in time_interleaved(ready, inputs, seconds).items():
             result.configs[name].median_ms = statistics.median(samples) * 1e3
+            result.configs[name].min_ms = min(samples) * 1e3
             result.configs[name].calls = len(samples)
     _tori_outcome(tori_before, _new_records(seen), result.configs["tori"])
     torch._dynamo.reset()
@@ -252,18 +257,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    # Other processes on a 2-core machine distort every figure: the load is reported with them.
-    load_before = os.getloadavg()[0]
-    results = []
-    for name in args.models:
-        print(f"benchmarking {name} ...", flush=True)
-        results.append(bench_model(name, args.seconds))
-    load_after = os.getloadavg()[0]
+    with tempfile.TemporaryDirectory(prefix="bench-inductor-") as empty_cache:
+        # tori has no compile cache: inductor starts from an empty one too, so that
+        # both first-call times are cold compiles.
+        inductor_cache = os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", empty_cache)
+        # Other processes on a 2-core machine distort every figure: the load is reported with them.
+        load_before = os.getloadavg()[0]
+        results = []
+        for name in args.models:
+            print(f"benchmarking {name} ...", flush=True)
+            results.append(bench_model(name, args.seconds))
+        load_after = os.getloadavg()[0]
     print()
     print(format_table(results))
     print(f"\n1-minute load average: {load_before:.2f} before, {load_after:.2f} after ({os.cpu_count()} CPUs)")
     if args.json:
         report = {**environment(), "load_average_1min": {"before": load_before, "after": load_after},
+                  "inductor_cache": "empty at start" if inductor_cache == empty_cache else inductor_cache,
                   "seconds_per_measurement": args.seconds, "columns": COLUMNS,
                   "table": table_rows(results), "results": [asdict(r) for r in results]}
         args.json.parent.mkdir(parents=True, exist_ok=True)
