@@ -4,7 +4,15 @@ scalars, output structures, aliasing and in-place updates, each against eager.
 
 import pytest
 import torch
+from torch._dynamo.source import ConstantSource
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+from tori.config import Options
+from tori.frontend.compile_graph import compile_graph
+from tori.frontend.records import GraphRecord
+from tori.frontend.signature import ArgKind
 from tori.testing import assert_matches_eager, count_graphs
 
 ERROR = {"fallback": "error"}
@@ -113,17 +121,34 @@ NON_CONTIGUOUS = [
 ]
 
 
+def _assert_matches_eager_on_these_tensors(fn, *args):
+    # assert_matches_eager passes clones, and a clone of a strided tensor may be
+    # contiguous: layout tests call with the caller's tensors themselves.
+    compiled = _compile(fn)
+    with torch.no_grad(), count_graphs() as count:
+        actual = compiled(*args)
+    _assert_all_compiled(count)
+    torch.testing.assert_close(actual, fn(*args))
+
+
 @pytest.mark.parametrize("x", NON_CONTIGUOUS)
 def test_non_contiguous_input(x):
     assert not x.is_contiguous()
-    with torch.no_grad():
-        assert_matches_eager(lambda x: (x * 2 + 1, x.sum(dim=0)), x)
+    _assert_matches_eager_on_these_tensors(lambda x: (x * 2 + 1, x.sum(dim=0)), x)
+
+
+@pytest.mark.parametrize("offset", [1, 5, 16], ids=lambda n: f"offset{n}")
+def test_contiguous_input_at_an_unaligned_storage_offset(offset):
+    # Contiguous, but its data starts `offset` elements into the storage: not at
+    # the alignment IREE requires of host memory it imports in place.
+    x = torch.randn(offset + 12)[offset:].view(3, 4)
+    assert x.is_contiguous() and x.storage_offset() == offset
+    _assert_matches_eager_on_these_tensors(lambda x: x * 2 + 1, x)
 
 
 def test_non_contiguous_integer_input():
     x = torch.arange(24, dtype=torch.int64).reshape(4, 6)[:, 1::2]
-    with torch.no_grad():
-        assert_matches_eager(lambda x: x * 3 - 1, x)
+    _assert_matches_eager_on_these_tensors(lambda x: x * 3 - 1, x)
 
 
 # --- Python scalars -------------------------------------------------------
@@ -183,6 +208,22 @@ def test_symint_output_of_the_graph():
             torch.testing.assert_close(actual, fn(x))
             assert type(actual[1]) is int
     _assert_all_compiled(count)
+
+
+def test_symfloat_and_symint_graph_inputs():
+    # Dynamo passes unspecialized floats as 0-d tensors; AOT graphs that take a
+    # SymFloat directly come from other tracers, built here by hand.
+    shape_env = ShapeEnv()
+    f = shape_env.create_symfloatnode(shape_env.create_symbol(0.5, ConstantSource("f")), hint=0.5)
+    n = shape_env.create_symintnode(shape_env.create_symbol(3, ConstantSource("n")), hint=3)
+    with FakeTensorMode(shape_env=shape_env):
+        x = torch.empty(3, 4)
+        gm = make_fx(lambda x, f, n: x * f + n, tracing_mode="real")(x, f, n)
+    compiled = compile_graph(gm, Options(), GraphRecord("symbolic_scalars", "inference"))
+    assert compiled.signature.args == (ArgKind.TENSOR, ArgKind.FLOAT, ArgKind.INT)
+    x = torch.randn(3, 4)
+    for f, n in [(0.5, 3), (-2.25, 7)]:
+        torch.testing.assert_close(compiled.run(x, f, n)[0], x * f + n)
 
 
 # --- output structures ----------------------------------------------------
@@ -246,6 +287,58 @@ def test_output_view_of_an_intermediate_and_of_an_input():
 
     with torch.no_grad():
         assert_matches_eager(fn, torch.randn(3, 4))
+
+
+def _overlaps(a, b):
+    return a.numel() and b.numel() and a.data_ptr() < b.data_ptr() + b.nbytes and b.data_ptr() < a.data_ptr() + a.nbytes
+
+
+# Results that IREE folds to an argument (no computation left) or to another result (CSE).
+FOLDED_RESULTS = [
+    pytest.param(lambda x: (x.clone(),), id="clone"),
+    pytest.param(lambda x: (x.unsqueeze(0).clone(),), id="reshaped_clone"),
+    pytest.param(lambda x: (x.to(torch.float32).clone(),), id="same_dtype_clone"),
+    pytest.param(lambda x: (torch.cat([x]),), id="cat_of_one"),
+    pytest.param(lambda x: (torch.where(torch.tensor(True), x, x * 2),), id="where_constant"),
+    pytest.param(lambda x: (x * 2, x * 2), id="equal_results"),
+    pytest.param(lambda x: (x * 2, (x * 2).reshape(-1)), id="equal_results_reshaped"),
+]
+
+
+@pytest.mark.parametrize("fn", FOLDED_RESULTS)
+def test_results_own_their_memory_like_eager(fn):
+    x = torch.randn(3, 4)
+    compiled = _compile(fn)
+    with torch.no_grad(), count_graphs() as count:
+        actual = compiled(x)
+    _assert_all_compiled(count)
+    torch.testing.assert_close(actual, fn(x))
+    # Eager returns fresh tensors here: no result shares memory with the input or another result.
+    tensors = [x, *actual]
+    for i, a in enumerate(tensors):
+        for b in tensors[:i]:
+            assert not _overlaps(a, b)
+
+
+class _ReturnsItsParameter(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.randn(4))
+
+    def forward(self, x):
+        return self.scale.clone(), x * self.scale
+
+
+def test_a_result_folded_to_a_parameter_owns_its_memory():
+    model = _ReturnsItsParameter()
+    compiled = _compile(model)
+    x = torch.randn(3, 4)
+    with torch.no_grad(), count_graphs() as count:
+        for _ in range(2):  # the second call reuses the parameter's imported buffer
+            scale, _ = compiled(x)
+            torch.testing.assert_close(scale, model.scale)
+            assert not _overlaps(scale, model.scale)
+    _assert_all_compiled(count, graphs=1)
 
 
 # --- in-place updates -----------------------------------------------------

@@ -20,6 +20,7 @@ from tori.runtime.module import LoadedModule
 from tori.stats import counters
 
 _DL_CPU = 1  # DLPack device type code of host memory
+_IREE_HEAP_ALIGNMENT = 64  # bytes; IREE refuses to import host memory aligned less
 
 # Calls spent timing each driver when the driver is chosen by measurement:
 # the first of each is a warm-up and is not counted.
@@ -106,20 +107,29 @@ class CompiledGraph:
         slot = self._static_slots[i]
         if slot is not None and slot[0] is value and slot[1] == value._version and slot[2] == value.data_ptr() \
                 and slot[3] is device:
-            return slot[4]
-        buffer = device.from_dlpack_capsule(to_dlpack(_dense(value)))
-        self._static_slots[i] = (value, value._version, value.data_ptr(), device, buffer)
-        return buffer
+            return slot[4], slot[5]
+        imported = _importable(value)
+        buffer = device.from_dlpack_capsule(to_dlpack(imported))
+        self._static_slots[i] = (value, value._version, value.data_ptr(), device, buffer, imported.data_ptr())
+        return buffer, imported.data_ptr()
 
     def _run(self, module: LoadedModule, args):
         self.calls += 1
         packed = rt.VmVariantList(len(args))
         import_tensor = module.device.from_dlpack_capsule
+        # Addresses of the host memory IREE reads in place. IREE hands back an
+        # argument's buffer for a result that folds to it (a clone, a reshape),
+        # and one buffer for equal results: such a result must be copied out.
+        taken = set()
         for i, (kind, value) in enumerate(zip(self._arg_kinds, args)):
             if kind is ArgKind.TENSOR:
-                packed.push_ref(import_tensor(to_dlpack(_dense(value))))
+                value = _importable(value)
+                taken.add(value.data_ptr())
+                packed.push_ref(import_tensor(to_dlpack(value)))
             elif kind is ArgKind.STATIC_TENSOR:
-                packed.push_ref(self._static_buffer(i, value, module.device))
+                buffer, address = self._static_buffer(i, value, module.device)
+                taken.add(address)
+                packed.push_ref(buffer)
             elif kind is ArgKind.INT:
                 packed.push_int(int(value))
             else:
@@ -134,17 +144,23 @@ class CompiledGraph:
                 outputs.append(results.get_variant(index))
             else:
                 tensor = torch.from_dlpack(export_tensor(results.get_as_object(index, rt.HalBufferView), _DL_CPU, 0))
+                address = tensor.data_ptr()
+                if address in taken:
+                    tensor = tensor.clone()
+                else:
+                    taken.add(address)
                 if tensor.dtype is not dtype:
                     tensor = _as_dtype(tensor, dtype)
                 outputs.append(tensor)
         return outputs
 
 
-def _dense(value: torch.Tensor) -> torch.Tensor:
+def _importable(value: torch.Tensor) -> torch.Tensor:
+    """`value` as host memory IREE can import in place: dense, and aligned as IREE's heap buffers must be."""
     if value.requires_grad:
         value = value.detach()
-    if not value.is_contiguous():
-        value = value.contiguous()
+    if not value.is_contiguous() or value.data_ptr() % _IREE_HEAP_ALIGNMENT:
+        value = value.clone(memory_format=torch.contiguous_format)
     return value
 
 
