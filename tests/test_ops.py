@@ -34,6 +34,19 @@ def _index_put(x, idx, values):
     return torch.index_put(x, (idx,), values, accumulate=True)
 
 
+def _mask_assign(x):
+    # Assigning through a boolean mask keeps the shape static (index_put with a mask).
+    y = x.clone()
+    y[x > 0] = 0.0
+    return y
+
+
+def _index_assign(x, idx, values):
+    y = x.clone()
+    y[idx] = values
+    return y
+
+
 def _batch_norm_train(x, weight, bias):
     running_mean, running_var = torch.zeros(4), torch.ones(4)
     out = F.batch_norm(x, running_mean, running_var, weight, bias, training=True, momentum=0.1)
@@ -96,7 +109,10 @@ OPS = [
     # indexing
     pytest.param(lambda x, i: x[i], (randn(5, 3), torch.tensor([4, 0, 2, 2])), id="index_tensor"),
     pytest.param(lambda x, i: x[:, i], (randn(3, 5), torch.tensor([1, -1])), id="index_tensor_dim1"),
+    pytest.param(lambda x, i, j: x[i, j], (randn(4, 5), torch.tensor([0, 3, 1]), torch.tensor([4, 0, 2])), id="index_2d"),
     pytest.param(_mask_select_static, (randn(4, 5),), id="mask_where"),
+    pytest.param(_mask_assign, (randn(4, 5),), id="mask_assign"),
+    pytest.param(_index_assign, (randn(5, 3), torch.tensor([4, 1]), randn(2, 3)), id="index_put"),
     pytest.param(lambda x, i: torch.index_select(x, 1, i), (randn(3, 5), torch.tensor([0, 4, 1])), id="index_select"),
     pytest.param(lambda x, i: torch.gather(x, 1, i), (randn(3, 5), randint(5, 3, 2)), id="gather"),
     pytest.param(_scatter, (randn(3, 5), torch.tensor([[0, 1], [2, 3], [4, 0]]), randn(3, 2)), id="scatter"),

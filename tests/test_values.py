@@ -11,7 +11,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from tori.config import Options
 from tori.frontend.compile_graph import compile_graph
-from tori.frontend.records import GraphRecord
+from tori.frontend.records import GraphRecord, last_compile
 from tori.frontend.signature import ArgKind
 from tori.testing import assert_matches_eager, count_graphs
 
@@ -178,6 +178,9 @@ def test_symbolic_scalars_are_graph_inputs():
         for n, f in [(2, 0.5), (3, -1.25), (-4, 2.0)]:
             torch.testing.assert_close(compiled(x, n, f), _scale_shift(x, n, f))
     _assert_all_compiled(count, graphs=1)
+    # The int is a SymInt argument; Dynamo passes the float as a 0-d float64 tensor.
+    args = last_compile().forward.compiled.signature.args
+    assert args.count(ArgKind.INT) >= 1 and args.count(ArgKind.TENSOR) == 2
 
 
 def test_dynamic_shapes_with_shape_dependent_results():
