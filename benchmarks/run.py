@@ -137,25 +137,18 @@ def prepare(name: str, model: torch.nn.Module, inputs: tuple, expected: torch.Te
     return fn, result
 
 
-def calls_per_round(fn: Callable, inputs: tuple, seconds: float) -> int:
-    samples = []
-    for _ in range(5):
-        start = time.perf_counter()
-        fn(*inputs)
-        samples.append(time.perf_counter() - start)
-    return max(1, int(seconds / ROUNDS / max(statistics.median(samples), 1e-6)))
-
-
 def time_interleaved(fns: dict[str, Callable], inputs: tuple, seconds: float) -> dict[str, list[float]]:
-    """Per-call seconds of each function, timed in ROUNDS rounds that alternate between them."""
-    counts = {name: calls_per_round(fn, inputs, seconds) for name, fn in fns.items()}
+    """Per-call seconds of each function, timed in ROUNDS rounds that alternate between them.
+
+    A round lasts a fixed time rather than a fixed number of calls, so that one slow
+    call cannot shrink the sample."""
     times: dict[str, list[float]] = {name: [] for name in fns}
     clock = time.perf_counter
     for _ in range(ROUNDS):
         for name, fn in fns.items():
             samples = times[name]
-            for _ in range(counts[name]):
-                start = clock()
+            end = clock() + seconds / ROUNDS
+            while (start := clock()) < end:
                 fn(*inputs)
                 samples.append(clock() - start)
     return times
