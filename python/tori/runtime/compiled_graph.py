@@ -108,10 +108,10 @@ class CompiledGraph:
         if slot is not None and slot[0] is value and slot[1] == value._version and slot[2] == value.data_ptr() \
                 and slot[3] is device:
             return slot[4], slot[5]
-        imported = _importable(value)
+        imported, address = _importable(value)
         buffer = device.from_dlpack_capsule(to_dlpack(imported))
-        self._static_slots[i] = (value, value._version, value.data_ptr(), device, buffer, imported.data_ptr())
-        return buffer, imported.data_ptr()
+        self._static_slots[i] = (value, value._version, value.data_ptr(), device, buffer, address)
+        return buffer, address
 
     def _run(self, module: LoadedModule, args):
         self.calls += 1
@@ -123,8 +123,8 @@ class CompiledGraph:
         taken = set()
         for i, (kind, value) in enumerate(zip(self._arg_kinds, args)):
             if kind is ArgKind.TENSOR:
-                value = _importable(value)
-                taken.add(value.data_ptr())
+                value, address = _importable(value)
+                taken.add(address)
                 packed.push_ref(import_tensor(to_dlpack(value)))
             elif kind is ArgKind.STATIC_TENSOR:
                 buffer, address = self._static_buffer(i, value, module.device)
@@ -155,13 +155,16 @@ class CompiledGraph:
         return outputs
 
 
-def _importable(value: torch.Tensor) -> torch.Tensor:
-    """`value` as host memory IREE can import in place: dense, and aligned as IREE's heap buffers must be."""
+def _importable(value: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """`value` as host memory IREE can import in place (dense, and aligned as
+    IREE's heap buffers must be), and the address of that memory."""
     if value.requires_grad:
         value = value.detach()
-    if not value.is_contiguous() or value.data_ptr() % _IREE_HEAP_ALIGNMENT:
+    address = value.data_ptr()
+    if address % _IREE_HEAP_ALIGNMENT or not value.is_contiguous():
         value = value.clone(memory_format=torch.contiguous_format)
-    return value
+        address = value.data_ptr()
+    return value, address
 
 
 def _as_dtype(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
