@@ -225,8 +225,10 @@ def test_symfloat_and_symint_graph_inputs():
     compiled = compile_graph(gm, Options(), GraphRecord("symbolic_scalars", "inference"))
     assert compiled.signature.args == (ArgKind.TENSOR, ArgKind.FLOAT, ArgKind.INT)
     x = torch.randn(3, 4)
-    for f, n in [(0.5, 3), (-2.25, 7)]:
-        torch.testing.assert_close(compiled.run(x, f, n)[0], x * f + n)
+    with count_graphs() as count:
+        for f, n in [(0.5, 3), (-2.25, 7)]:
+            torch.testing.assert_close(compiled.run(x, f, n)[0], x * f + n)
+    assert count.compiled_calls == 2, count.delta
 
 
 # --- output structures ----------------------------------------------------
