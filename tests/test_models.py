@@ -66,7 +66,7 @@ def _train(model: torch.nn.Module, inputs: tuple, targets: torch.Tensor, steps: 
     return losses
 
 
-@pytest.mark.parametrize("name", ["mlp", "cnn_bn"])
+@pytest.mark.parametrize("name", ["mlp", pytest.param("cnn_bn", marks=pytest.mark.slow)])
 def test_training_steps_match_eager(name):
     spec = MODELS[name]
     eager = spec.build().train()
