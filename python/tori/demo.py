@@ -11,6 +11,7 @@ import contextlib
 import re
 import statistics
 import time
+from dataclasses import dataclass
 from typing import Callable, Iterator
 
 import torch
@@ -39,11 +40,40 @@ def decomposed_attention() -> Iterator[None]:
         torch.backends.mha.set_fastpath_enabled(previous)
 
 
+def without_fast_path(fn: Callable) -> Callable:
+    # Dynamo guards on the fast-path flag, so every call of the compiled layer needs it
+    # off; eager keeps its fast path, the baseline a user of eager PyTorch gets.
+    def run(*args):
+        with decomposed_attention():
+            return fn(*args)
+
+    return run
+
+
+@dataclass(frozen=True)
+class DemoModel:
+    make: Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]
+    wrap_compiled: Callable[[Callable], Callable]
+
+
+DEMO_MODELS: dict[str, DemoModel] = {}
+
+
+def demo_model(name: str, wrap_compiled: Callable[[Callable], Callable] = lambda fn: fn):
+    def add(make):
+        DEMO_MODELS[name] = DemoModel(make, wrap_compiled)
+        return make
+
+    return add
+
+
+@demo_model("transformer_layer", wrap_compiled=without_fast_path)
 def transformer_layer() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     layer = nn.TransformerEncoderLayer(d_model=64, nhead=4, dim_feedforward=128, dropout=0.0, batch_first=True)
     return layer.eval(), (torch.randn(2, 16, 64),)
 
 
+@demo_model("small_cnn")
 def small_cnn() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     cnn = nn.Sequential(
         nn.Conv2d(3, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
@@ -92,10 +122,10 @@ def vmfb_summary(vmfb: bytes) -> str:
     return f"{len(vmfb):,} bytes"
 
 
-def compile_checked(name: str, model: nn.Module, inputs: tuple) -> tuple[Callable, list[tori.CompileRecord]]:
+def compile_checked(name: str, demo: DemoModel, model: nn.Module, inputs: tuple) -> tuple[Callable, list[tori.CompileRecord]]:
     """Compile with tori (fallback is an error), check against eager, print the stages."""
     seen = {r.name for r in tori.compile_records()}
-    compiled = torch.compile(model, backend="tori", options={"fallback": "error"})
+    compiled = demo.wrap_compiled(torch.compile(model, backend="tori", options={"fallback": "error"}))
     start = time.perf_counter()
     with count_graphs() as count:
         actual = compiled(*inputs)
@@ -133,10 +163,10 @@ def median_ms(fns: dict[str, Callable], inputs: tuple) -> dict[str, float]:
 def main() -> None:
     torch.manual_seed(0)
     rows = []
-    with torch.no_grad(), decomposed_attention():
-        for name, make in (("transformer_layer", transformer_layer), ("small_cnn", small_cnn)):
-            model, inputs = make()
-            compiled, records = compile_checked(name, model, inputs)
+    with torch.no_grad():
+        for name, demo in DEMO_MODELS.items():
+            model, inputs = demo.make()
+            compiled, records = compile_checked(name, demo, model, inputs)
             times = median_ms({"eager": model, "tori": compiled}, inputs)
             rows.append((name, times["eager"], times["tori"], drivers(records)))
     print(f"\n{'model':<18} {'eager ms':>9} {'tori ms':>9} {'speedup':>8}  tori driver")
