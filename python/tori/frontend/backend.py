@@ -7,7 +7,6 @@ Registered through the `torch_dynamo_backends` entry point, so
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import Any, Callable
 
@@ -20,30 +19,13 @@ from torch._dynamo.exc import BackendCompilerFailed
 from tori.config import Fallback, Options
 from tori.errors import CompileError, OptionsError, ToriError, through_dynamo
 from tori.frontend.compile_graph import compile_graph
+from tori.frontend.decompositions import decomposition_table
 from tori.frontend.records import CompileRecord, GraphRecord, new_record
 from tori.frontend.repro import write_repro
 from tori.stages import Stage
 from tori.stats import counters
 
 log = logging.getLogger("tori.backend")
-
-
-@functools.lru_cache(maxsize=1)
-def decomposition_table() -> dict:
-    """Decompositions applied while AOTAutograd traces: Torch-MLIR's table for its
-    importer, plus ops that Torch-MLIR imports but IREE lowers wrongly or not at all."""
-    from torch._decomp import decomposition_table as aten_decompositions
-    from torch_mlir.extras.fx_decomp_util import get_decomposition_table
-
-    aten = torch.ops.aten
-    return {
-        **get_decomposition_table(),
-        # IREE's own gelu(approximate='tanh') is off by up to 5e-5 in float32.
-        aten.gelu.default: aten_decompositions[aten.gelu.default],
-        # IREE lowers the named shift ops but not the Python operators `<<`, `>>` on tensors.
-        aten.__lshift__.Tensor: aten.bitwise_left_shift.Tensor,
-        aten.__rshift__.Tensor: aten.bitwise_right_shift.Tensor,
-    }
 
 
 def tori_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], options: dict | None = None, **unknown: Any):
