@@ -4,6 +4,8 @@ test shows the case that was wrong without it."""
 import pytest
 import torch
 
+import tori
+
 from tori.frontend.decompositions import decomposition_table
 from tori.testing import assert_matches_eager
 
@@ -44,3 +46,30 @@ def test_tori_entries_extend_torch_mlirs_table():
     table = decomposition_table()
     assert set(get_decomposition_table()) <= set(table)
     assert torch.ops.aten.sum.dim_IntList in table and torch.ops.aten.gelu.default in table
+
+
+TRANSFORMER_MASKS = {
+    "no_mask": lambda: {},
+    "causal": lambda: {"src_mask": torch.nn.Transformer.generate_square_subsequent_mask(5), "is_causal": True},
+    "key_padding": lambda: {"src_key_padding_mask": torch.tensor([[False] * 5, [False] * 3 + [True] * 2])},
+    "bool_mask": lambda: {"src_mask": torch.rand(5, 5) > 0.7},
+}
+
+
+@pytest.mark.parametrize("mask", list(TRANSFORMER_MASKS))
+@pytest.mark.parametrize("norm_first, activation", [(False, "relu"), (True, "gelu")])
+def test_transformer_encoder_layer_fast_path_compiles(mask, norm_first, activation):
+    # In eval mode under no_grad, nn.TransformerEncoderLayer calls one fused kernel
+    # (aten._transformer_encoder_layer_fwd) that IREE cannot lower.
+    layer = torch.nn.TransformerEncoderLayer(
+        32, 4, 64, dropout=0.0, batch_first=True, norm_first=norm_first, activation=activation).eval()
+    kwargs = TRANSFORMER_MASKS[mask]()
+    with torch.no_grad():
+        assert_matches_eager(lambda x: layer(x, **kwargs), torch.randn(2, 5, 32))
+    assert "_transformer_encoder_layer_fwd" not in tori.last_compile().stages["aten"]
+
+
+def test_multi_head_attention_fast_path_compiles():
+    mha = torch.nn.MultiheadAttention(32, 4, batch_first=True).eval()
+    with torch.no_grad():
+        assert_matches_eager(lambda x: mha(x, x, x, need_weights=False)[0], torch.randn(2, 5, 32))

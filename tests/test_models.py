@@ -13,23 +13,14 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from models import MODELS  # noqa: E402
-from tori.errors import CompileError  # noqa: E402
 from tori.testing import assert_matches_eager, count_graphs  # noqa: E402
 
 # Compiled kernels reorder float reductions (convolutions, attention, LayerNorm).
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-4}
 SLOW = {"resnet_blocks", "gpt2_decoder"}
 
-FASTPATH_BUG = (
-    "nn.TransformerEncoderLayer's inference fast path traces to aten._transformer_encoder_layer_fwd, "
-    "which tori cannot lower (iree-compile: failed to legalize 'torch.operator'), so the graph falls back"
-)
-
-
 def _inference_case(name: str):
     marks = [pytest.mark.slow] if name in SLOW else []
-    if name == "transformer_layer":
-        marks.append(pytest.mark.xfail(raises=CompileError, reason=FASTPATH_BUG, strict=True))
     return pytest.param(name, marks=marks)
 
 
@@ -41,8 +32,8 @@ def test_inference_matches_eager(name):
 
 
 def test_transformer_layer_without_fast_path_matches_eager():
-    # The decomposed layer (attention, LayerNorm, feed-forward as separate ops) is
-    # what tori compiles; the fused fast path is the case above.
+    # The layer as separate attention, LayerNorm and feed-forward ops; the case above
+    # takes the fused fast path, which tori decomposes into the same ops.
     spec = MODELS["transformer_layer"]
     previous = torch.backends.mha.get_fastpath_enabled()
     torch.backends.mha.set_fastpath_enabled(False)

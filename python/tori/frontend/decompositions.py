@@ -66,3 +66,63 @@ def accumulate_half_in_float32(op, x, *args, dtype=None, **kwargs):
     if dtype is not None or x.dtype not in _HALF:
         return NotImplemented
     return op(x.to(torch.float32), *args, **kwargs).to(x.dtype)
+
+
+def _attention_mask(mask, mask_type, batch: int, heads: int, length: int):
+    """The fused kernels' merged mask as an additive (batch, heads, L, L) float mask."""
+    if mask is None:
+        return None
+    if mask_type == 1:  # key padding: (batch, L)
+        mask = mask.view(batch, 1, 1, length)
+    if mask.dtype == torch.bool:  # True marks a position that must not be attended to
+        mask = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill(mask, float("-inf"))
+    return mask.expand(batch, heads, length, length)
+
+
+def _fused_self_attention(x, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, mask, mask_type):
+    batch, length, embed = x.shape
+    q, k, v = torch.nn.functional.linear(x, qkv_weight, qkv_bias).chunk(3, dim=-1)
+    q, k, v = (t.reshape(batch, length, num_heads, embed // num_heads).transpose(1, 2) for t in (q, k, v))
+    attn_mask = _attention_mask(mask, mask_type, batch, num_heads, length)
+    if attn_mask is not None:
+        attn_mask = attn_mask.to(q.dtype)
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask)
+    return torch.nn.functional.linear(out.transpose(1, 2).reshape(batch, length, embed), proj_weight, proj_bias)
+
+
+@register_decomposition(aten._transformer_encoder_layer_fwd.default)
+def transformer_encoder_layer(op, src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias,
+                              use_gelu, norm_first, eps, norm_weight_1, norm_bias_1, norm_weight_2, norm_bias_2,
+                              ffn_weight_1, ffn_bias_1, ffn_weight_2, ffn_bias_2, mask=None, mask_type=None):
+    """nn.TransformerEncoderLayer's inference fast path, a fused kernel IREE has no
+    lowering for, as the attention, LayerNorm and feed-forward ops it is made of."""
+    if src.dim() != 3 or src.is_nested:
+        return NotImplemented
+    F = torch.nn.functional
+
+    def attend(x):
+        return _fused_self_attention(x, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, mask, mask_type)
+
+    def feed_forward(x):
+        hidden = F.linear(x, ffn_weight_1, ffn_bias_1)
+        hidden = F.gelu(hidden) if use_gelu else F.relu(hidden)
+        return F.linear(hidden, ffn_weight_2, ffn_bias_2)
+
+    def norm(x, weight, bias):
+        return F.layer_norm(x, (embed_dim,), weight, bias, eps)
+
+    if norm_first:
+        x = src + attend(norm(src, norm_weight_1, norm_bias_1))
+        return x + feed_forward(norm(x, norm_weight_2, norm_bias_2))
+    x = norm(src + attend(src), norm_weight_1, norm_bias_1)
+    return norm(x + feed_forward(x), norm_weight_2, norm_bias_2)
+
+
+@register_decomposition(aten._native_multi_head_attention.default)
+def multi_head_self_attention(op, query, key, value, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight,
+                              proj_bias, mask=None, need_weights=True, average_attn_weights=True, mask_type=None):
+    """nn.MultiheadAttention's inference fast path (self-attention, no weights returned)."""
+    if need_weights or query is not key or key is not value or query.dim() != 3:
+        return NotImplemented
+    out = _fused_self_attention(query, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, mask, mask_type)
+    return out, torch.empty(0, dtype=out.dtype, device=out.device)
