@@ -19,6 +19,7 @@ from tori.testing import assert_matches_eager, count_graphs  # noqa: E402
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-4}
 SLOW = {"resnet_blocks", "gpt2_decoder"}
 
+
 def _inference_case(name: str):
     marks = [pytest.mark.slow] if name in SLOW else []
     return pytest.param(name, marks=marks)

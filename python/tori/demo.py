@@ -7,12 +7,10 @@ check them against eager PyTorch, show each pipeline stage, and time both.
 from __future__ import annotations
 
 import collections
-import contextlib
 import re
 import statistics
 import time
-from dataclasses import dataclass
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 from torch import nn
@@ -27,47 +25,19 @@ TIMING_SECONDS = 0.5
 ROUNDS = 5
 
 
-@contextlib.contextmanager
-def decomposed_attention() -> Iterator[None]:
-    # In inference nn.TransformerEncoderLayer takes a fused fast path
-    # (aten._transformer_encoder_layer_fwd) that tori cannot lower yet; without it
-    # the layer traces to attention, LayerNorm and linear ops, which tori compiles.
-    previous = torch.backends.mha.get_fastpath_enabled()
-    torch.backends.mha.set_fastpath_enabled(False)
-    try:
-        yield
-    finally:
-        torch.backends.mha.set_fastpath_enabled(previous)
+# Name -> factory of (model in eval mode, example inputs).
+DEMO_MODELS: dict[str, Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]] = {}
 
 
-def without_fast_path(fn: Callable) -> Callable:
-    # Dynamo guards on the fast-path flag, so every call of the compiled layer needs it
-    # off; eager keeps its fast path, the baseline a user of eager PyTorch gets.
-    def run(*args):
-        with decomposed_attention():
-            return fn(*args)
-
-    return run
-
-
-@dataclass(frozen=True)
-class DemoModel:
-    make: Callable[[], tuple[nn.Module, tuple[torch.Tensor, ...]]]
-    wrap_compiled: Callable[[Callable], Callable]
-
-
-DEMO_MODELS: dict[str, DemoModel] = {}
-
-
-def demo_model(name: str, wrap_compiled: Callable[[Callable], Callable] = lambda fn: fn):
+def demo_model(name: str):
     def add(make):
-        DEMO_MODELS[name] = DemoModel(make, wrap_compiled)
+        DEMO_MODELS[name] = make
         return make
 
     return add
 
 
-@demo_model("transformer_layer", wrap_compiled=without_fast_path)
+@demo_model("transformer_layer")
 def transformer_layer() -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     layer = nn.TransformerEncoderLayer(d_model=64, nhead=4, dim_feedforward=128, dropout=0.0, batch_first=True)
     return layer.eval(), (torch.randn(2, 16, 64),)
@@ -122,10 +92,13 @@ def vmfb_summary(vmfb: bytes) -> str:
     return f"{len(vmfb):,} bytes"
 
 
-def compile_checked(name: str, demo: DemoModel, model: nn.Module, inputs: tuple) -> tuple[Callable, list[tori.CompileRecord]]:
+def compile_checked(name: str, model: nn.Module, inputs: tuple) -> tuple[Callable, list[tori.CompileRecord]]:
     """Compile with tori (fallback is an error), check against eager, print the stages."""
     seen = {r.name for r in tori.compile_records()}
-    compiled = demo.wrap_compiled(torch.compile(model, backend="tori", options={"fallback": "error"}))
+    # Each model sees one input shape. Without dynamic=False, Dynamo counts the second
+    # model's first call as a recompile of the wrapper all compiled modules share, and
+    # makes the sizes that differ from the first model's dynamic.
+    compiled = torch.compile(model, backend="tori", dynamic=False, options={"fallback": "error"})
     start = time.perf_counter()
     with count_graphs() as count:
         actual = compiled(*inputs)
@@ -164,9 +137,9 @@ def main() -> None:
     torch.manual_seed(0)
     rows = []
     with torch.no_grad():
-        for name, demo in DEMO_MODELS.items():
-            model, inputs = demo.make()
-            compiled, records = compile_checked(name, demo, model, inputs)
+        for name, make in DEMO_MODELS.items():
+            model, inputs = make()
+            compiled, records = compile_checked(name, model, inputs)
             times = median_ms({"eager": model, "tori": compiled}, inputs)
             rows.append((name, times["eager"], times["tori"], drivers(records)))
     print(f"\n{'model':<18} {'eager ms':>9} {'tori ms':>9} {'speedup':>8}  tori driver")
