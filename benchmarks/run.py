@@ -10,6 +10,7 @@ then time the three interleaved in rounds and report medians and ratios.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -22,7 +23,7 @@ import traceback
 from dataclasses import asdict, dataclass, field
 from importlib import metadata
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 
@@ -248,12 +249,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+@contextlib.contextmanager
+def cold_inductor_cache() -> Iterator[str]:
+    """Point inductor at an empty cache for the run (unless the user chose one): tori
+    has no compile cache, so both first-call times are then cold compiles."""
+    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
+        yield os.environ["TORCHINDUCTOR_CACHE_DIR"]
+        return
+    with tempfile.TemporaryDirectory(prefix="bench-inductor-") as empty:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = empty
+        try:
+            yield "empty at start"
+        finally:
+            del os.environ["TORCHINDUCTOR_CACHE_DIR"]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    with tempfile.TemporaryDirectory(prefix="bench-inductor-") as empty_cache:
-        # tori has no compile cache: inductor starts from an empty one too, so that
-        # both first-call times are cold compiles.
-        inductor_cache = os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", empty_cache)
+    started = environment()
+    with cold_inductor_cache() as inductor_cache:
         # Other processes on a 2-core machine distort every figure: the load is reported with them.
         load_before = os.getloadavg()[0]
         results = []
@@ -265,10 +279,9 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(results))
     print(f"\n1-minute load average: {load_before:.2f} before, {load_after:.2f} after ({os.cpu_count()} CPUs)")
     if args.json:
-        report = {**environment(), "load_average_1min": {"before": load_before, "after": load_after},
-                  "inductor_cache": "empty at start" if inductor_cache == empty_cache else inductor_cache,
-                  "seconds_per_measurement": args.seconds, "columns": COLUMNS,
-                  "table": table_rows(results), "results": [asdict(r) for r in results]}
+        report = {**started, "load_average_1min": {"before": load_before, "after": load_after},
+                  "inductor_cache": inductor_cache, "seconds_per_measurement": args.seconds,
+                  "columns": COLUMNS, "table": table_rows(results), "results": [asdict(r) for r in results]}
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")
         print(f"wrote {args.json}")
