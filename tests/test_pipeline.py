@@ -301,3 +301,21 @@ def test_non_contiguous_parameter_updated_in_place_is_seen():
         model.weight.add_(1.0)
         torch.testing.assert_close(compiled(x), model(x))
     assert count.compiled_calls == 2 and count.fallback_calls == 0
+
+
+@pytest.mark.parametrize("build", [
+    pytest.param(lambda: torch.nn.LayerNorm(8), id="layer_norm"),
+    pytest.param(lambda: torch.nn.Sequential(torch.nn.Conv2d(4, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                             torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten()), id="conv_bn"),
+])
+def test_dynamic_shapes_survive_dynamos_restarts(build):
+    # Dynamo restarts its analysis (e.g. to tensorify a float scalar in LayerNorm's
+    # eps under dynamic shapes); tori lets the restart through instead of falling back.
+    model = build().eval()
+    compiled = torch.compile(model, backend="tori", dynamic=True, options={"fallback": "error"})
+    shapes = [(2, 4, 8, 8), (3, 4, 8, 8), (5, 4, 8, 8)] if isinstance(model, torch.nn.Sequential) else [(2, 3, 8), (4, 5, 8)]
+    with torch.no_grad(), count_graphs() as count:
+        for shape in shapes:
+            x = torch.randn(shape)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    assert count.compiled_graphs == 1 and count.fallback_graphs == 0 and count.compiled_calls == len(shapes)

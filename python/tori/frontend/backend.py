@@ -14,7 +14,7 @@ import torch
 import torch._guards
 import torch.fx
 from torch._dynamo.backends.common import aot_autograd
-from torch._dynamo.exc import BackendCompilerFailed
+from torch._dynamo.exc import BackendCompilerFailed, RestartAnalysis, SkipFrame
 
 from tori.config import Fallback, Options
 from tori.errors import CompileError, OptionsError, ToriError, through_dynamo
@@ -26,6 +26,9 @@ from tori.stages import Stage
 from tori.stats import counters
 
 log = logging.getLogger("tori.backend")
+
+# Exceptions by which Dynamo steers its own tracing; they pass through the backend.
+_DYNAMO_CONTROL_FLOW = (RestartAnalysis, SkipFrame)
 
 
 def tori_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], options: dict | None = None, **unknown: Any):
@@ -53,6 +56,8 @@ def tori_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], options: d
         if isinstance(error, BackendCompilerFailed):
             raise
         raise through_dynamo(error) from None
+    except _DYNAMO_CONTROL_FLOW:
+        raise  # Dynamo asks to re-trace or skip the frame: not a failure of this graph
     except Exception as error:
         # AOTAutograd itself could not trace the graph: the whole Dynamo graph falls back.
         failure = CompileError(f"AOTAutograd failed: {type(error).__name__}: {error}", stage=Stage.ATEN.value, graph=record.name)
