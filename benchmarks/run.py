@@ -30,6 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import tori  # noqa: E402
+from tori.runtime.compiled_graph import TRIAL_CALLS_PER_DRIVER  # noqa: E402
 from models import MODELS  # noqa: E402
 
 # Output tolerance against eager: compiled kernels reorder float reductions.
@@ -38,8 +39,8 @@ ATOL = 1e-4
 # Timed rounds per configuration; interleaving rounds spreads machine noise
 # (frequency changes, other processes) evenly over the configurations.
 ROUNDS = 10
-# Calls before timing: enough for tori's driver trials (4 per driver) and caches.
-WARMUP_CALLS = 12
+# Calls before timing: enough for tori's driver trials (both drivers) and caches.
+WARMUP_CALLS = 2 * TRIAL_CALLS_PER_DRIVER + 4
 
 
 @dataclass
