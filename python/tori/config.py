@@ -4,6 +4,7 @@ and from TORI_* environment variables in one place.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import enum
 import os
@@ -65,8 +66,9 @@ class Options:
 
     @classmethod
     def from_mapping(cls, options: Mapping[str, Any] | None, base: "Options | None" = None) -> "Options":
-        """Validate user options (e.g. `torch.compile(..., options={...})`) over a base."""
-        base = base if base is not None else from_environment()
+        """Validate user options (e.g. `torch.compile(..., options={...})`) over a base,
+        by default the current `tori.compiler.config`."""
+        base = base if base is not None else config.options()
         if not options:
             return base
         unknown = sorted(set(options) - set(cls.names()))
@@ -125,3 +127,66 @@ def from_environment(environ: Mapping[str, str] | None = None) -> Options:
     environ = os.environ if environ is None else environ
     values = {field_name: _coerce(field_name, environ[var]) for var, field_name in ENVIRONMENT.items() if environ.get(var)}
     return Options(**values)
+
+
+class Config:
+    """tori's options as one module-level object, as `torch.compiler.config` is torch's.
+
+    Starts from the TORI_* environment variables; every attribute is an Options field,
+    validated when set; `patch(...)` changes some for a `with` block or a decorated
+    function; `torch` is `torch.compiler.config`. Options passed to one
+    `torch.compile(..., options={...})` apply over these.
+    """
+
+    def __init__(self) -> None:
+        object.__setattr__(self, "_options", from_environment())
+
+    def options(self) -> Options:
+        return self._options
+
+    def __getattr__(self, name: str) -> Any:
+        if name in Options.names():
+            return getattr(self._options, name)
+        raise AttributeError(f"tori.compiler.config has no option {name!r}; options: {', '.join(Options.names())}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        object.__setattr__(self, "_options", Options.from_mapping({name: value}, base=self._options))
+
+    def __dir__(self) -> list[str]:
+        return [*Options.names(), "options", "patch", "reset", "torch"]
+
+    def __repr__(self) -> str:
+        return f"tori.compiler.config({', '.join(f'{n}={getattr(self, n)!r}' for n in Options.names())})"
+
+    def patch(self, changes: Mapping[str, Any] | None = None, **more: Any) -> "_Patch":
+        """Set options for a `with` block or a decorated function, then restore them."""
+        return _Patch(self, {**(changes or {}), **more})
+
+    def reset(self) -> None:
+        """Back to the defaults and the TORI_* environment variables."""
+        object.__setattr__(self, "_options", from_environment())
+
+    @property
+    def torch(self):
+        import torch.compiler
+
+        return torch.compiler.config
+
+
+class _Patch(contextlib.ContextDecorator):
+    def __init__(self, target: Config, changes: dict[str, Any]):
+        Options.from_mapping(changes, base=target.options())  # fail at the patch, not at entry
+        self._target = target
+        self._changes = changes
+        self._saved: list[Options] = []
+
+    def __enter__(self) -> Config:
+        self._saved.append(self._target.options())
+        object.__setattr__(self._target, "_options", Options.from_mapping(self._changes, base=self._target.options()))
+        return self._target
+
+    def __exit__(self, *exc_info: Any) -> None:
+        object.__setattr__(self._target, "_options", self._saved.pop())
+
+
+config = Config()

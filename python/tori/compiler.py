@@ -1,0 +1,103 @@
+"""`tori.compiler`: every public name of `torch.compiler`, with the same signature and
+meaning, made tori-aware where that adds something (docs/compiler-api.md).
+
+`compile` defaults to the tori backend, `reset` also clears tori's caches, `config` is
+tori's own options (with torch's under `config.torch`), `set_stance` checks the stance
+name up front. The rest forwards to torch, whose mechanisms (Dynamo's stances, guards,
+polyfills) already apply to whatever backend compiles the graph.
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import Any, Callable
+
+import torch
+import torch.compiler as _torch_compiler
+from torch.compiler import (  # noqa: F401  (re-exported unchanged: see the module docstring)
+    allow_in_graph,
+    assume_constant_result,
+    cudagraph_mark_step_begin,
+    disable,
+    get_default_backend,
+    is_compiling,
+    is_dynamo_compiling,
+    is_exporting,
+    keep_portable_guards_unsafe,
+    keep_tensor_guards_unsafe,
+    load_cache_artifacts,
+    load_compiled_function,
+    nested_compile_region,
+    save_cache_artifacts,
+    set_default_backend,
+    set_enable_guard_collectives,
+    skip_all_guards_unsafe,
+    skip_guard_on_all_nn_modules_unsafe,
+    skip_guard_on_globals_unsafe,
+    skip_guard_on_inbuilt_nn_modules_unsafe,
+    substitute_in_graph,
+    wrap_numpy,
+)
+
+from tori.config import Options, config
+from tori.errors import OptionsError
+from tori.targets import Target
+
+BACKEND = "tori"
+
+# Keys of torch.compile's `options` that torch itself takes out, for every backend.
+TORCH_OPTIONS = ("guard_filter_fn",)
+
+# Dynamo's stances (torch.compiler.set_stance's documentation), checked before Dynamo,
+# which would only complain at the next compiled call.
+STANCES = ("default", "force_eager", "eager_on_recompile", "fail_on_recompile",
+           "eager_then_compile", "aot_eager_then_compile")
+
+
+def compile(model: Callable | None = None, *, target: Target | str | None = None,
+            options: dict[str, Any] | None = None, **torch_compile_kwargs: Any):
+    """`torch.compile` with `backend="tori"` as the default; a decorator too.
+
+    `target` picks the IREE target (as `options={"target": ...}`); options are checked
+    here, before the first call, so a typo fails where it is written. `guard_filter_fn`
+    in options goes to Dynamo, as with torch.compile.
+    """
+    backend = torch_compile_kwargs.pop("backend", BACKEND)
+    if backend == BACKEND:
+        merged = dict(options or {})
+        if target is not None:
+            merged["target"] = target
+        Options.from_mapping({k: v for k, v in merged.items() if k not in TORCH_OPTIONS})
+        options = merged or None
+    elif target is not None:
+        raise OptionsError("backend for target=", backend, [BACKEND], hint="target= applies to the tori backend only")
+    if model is None:
+        return lambda fn: torch.compile(fn, backend=backend, options=options, **torch_compile_kwargs)
+    return torch.compile(model, backend=backend, options=options, **torch_compile_kwargs)
+
+
+def reset() -> None:
+    """Clear Dynamo's state and every tori cache in memory; the next call recompiles."""
+    from tori.frontend.records import clear_records
+    from tori.runtime.devices import release_all
+
+    _torch_compiler.reset()
+    clear_records()
+    gc.collect()  # compiled modules hold IREE contexts: free them before their devices
+    release_all()
+
+
+def list_backends(exclude_tags=("debug", "experimental")) -> list[str]:
+    """Dynamo's backends; `tori` is among them through its entry point."""
+    return _torch_compiler.list_backends(exclude_tags)
+
+
+def set_stance(stance: str = "default", *, skip_guard_eval_unsafe: bool = False,
+               force_backend: str | Callable[..., Any] | None = None):
+    """Dynamo's stance (a decorator or a `with` block), for tori's graphs like any backend's."""
+    if stance not in STANCES:
+        raise OptionsError("stance", stance, STANCES)
+    return _torch_compiler.set_stance(stance, skip_guard_eval_unsafe=skip_guard_eval_unsafe, force_backend=force_backend)
+
+
+__all__ = list(_torch_compiler.__all__)
