@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import operator
 import re
+from copy import deepcopy
 
 import torch
 import torch.fx
@@ -15,6 +16,7 @@ from torch_mlir.dialects import torch as torch_d
 from torch_mlir.extras.fx_importer import FxImporter
 
 from tori.errors import CompileError, UnsupportedOpError
+from tori.frontend.higher_order import NodeImporter
 from tori.frontend.signature import GraphSignature, split_outputs
 from tori.stages import Stage
 
@@ -39,6 +41,24 @@ def _computed_graph(gm: torch.fx.GraphModule, computed: list[torch.fx.Node]) -> 
     copy.graph_copy(gm.graph, value_map, return_output_node=False)
     copy.output(tuple(value_map[n] for n in computed))
     return torch.fx.GraphModule(gm, copy)
+
+
+def _copy_subgraphs(owner: torch.fx.GraphModule, copies: dict[int, torch.fx.GraphModule]) -> None:
+    """Point `owner` at prepared copies of the subgraphs that its higher-order ops
+    call (invoke_subgraph), recursively: FxImporter rewrites the graphs it imports,
+    and AOTAutograd's subgraphs also serve the eager fallback. `copies` holds one copy
+    per subgraph module, however many attributes name it, so each is imported once."""
+    targets = {node.target for node in owner.graph.find_nodes(op="get_attr")}
+    for target in targets:
+        subgraph = getattr(owner, target)
+        if not isinstance(subgraph, torch.fx.GraphModule):
+            continue
+        if id(subgraph) not in copies:
+            copy = torch.fx.GraphModule(subgraph, deepcopy(subgraph.graph))
+            _expand_sym_sums(copy.graph)
+            _copy_subgraphs(copy, copies)
+            copies[id(subgraph)] = copy
+        setattr(owner, target, copies[id(subgraph)])
 
 
 def _expand_sym_sums(graph: torch.fx.Graph) -> None:
@@ -77,9 +97,11 @@ def _failing_op(graph: torch.fx.Graph, error: Exception) -> str | None:
 def import_graph(gm: torch.fx.GraphModule, *, graph_name: str) -> tuple[ir.Module, GraphSignature]:
     """Import a functional ATen graph as `func.func @main` in a fresh MLIR context."""
     signature, computed = split_outputs(gm.graph)
-    graph = _computed_graph(gm, computed).graph
+    owner = _computed_graph(gm, computed)
+    _copy_subgraphs(owner, {})
+    graph = owner.graph
     _expand_sym_sums(graph)
-    importer = FxImporter(context=new_context())
+    importer = FxImporter(context=new_context(), graph_node_importer_cls=NodeImporter)
     try:
         importer.import_stateless_graph(graph, func_name=FUNC_NAME)
     except NotImplementedError as error:
