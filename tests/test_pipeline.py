@@ -320,3 +320,11 @@ def test_dynamic_shapes_survive_dynamos_restarts(build):
             x = torch.randn(shape)
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
     assert count.compiled_graphs == 1 and count.fallback_graphs == 0 and count.compiled_calls == len(shapes)
+
+
+def test_a_failing_call_is_a_tori_runtime_error_naming_the_graph():
+    compiled = tori.compiler.compile(lambda x: x * 2, options={
+        "fallback": "error", "guard_filter_fn": tori.compiler.skip_all_guards_unsafe})
+    compiled(torch.ones(3))
+    with pytest.raises(tori.errors.ToriRuntimeError, match=r"graph 'graph\d+_inference' failed .*dimension 0 mismatch"):
+        compiled(torch.ones(4))

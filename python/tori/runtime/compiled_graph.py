@@ -14,6 +14,7 @@ import iree.runtime as rt
 import torch
 from torch.utils.dlpack import to_dlpack
 
+from tori.errors import ToriRuntimeError
 from tori.frontend.signature import ArgKind, GraphSignature
 from tori.runtime.module import LoadedModule
 from tori.stats import counters
@@ -135,7 +136,14 @@ class CompiledGraph:
                 packed.push_int(int(value))
             else:
                 packed.push_float(float(value))
-        results = module.invoke(packed, self._num_results)
+        try:
+            results = module.invoke(packed, self._num_results)
+        except (ValueError, RuntimeError) as error:
+            raise ToriRuntimeError(
+                f"compiled graph '{self.name}' failed on IREE's {module.driver} driver: {error}. "
+                "If guards were filtered (guard_filter_fn), inputs may no longer match the shapes it was "
+                "compiled for; otherwise compile with options={'fallback': 'error'} and report it."
+            ) from error
         export_tensor = module.device.create_dlpack_capsule
         outputs = []
         for index, value, dtype in self._results:
