@@ -312,3 +312,10 @@ def test_wrap_numpy_code_is_compiled_by_tori():
     with count_graphs() as count:
         torch.testing.assert_close(tc.compile(numpy_dot, options={"fallback": "error"})(x, y), (x * y).sum(0))
     assert count.compiled_graphs == 1
+
+
+def test_cache_artifacts_hold_nothing_for_tori_graphs():
+    # torch's portable cache ("mega-cache") packs inductor's and AOTAutograd's caches;
+    # tori's modules are not among them, so after tori compiles it has nothing to save.
+    tc.compile(lambda x: x + 1, options={"fallback": "error"})(torch.ones(2))
+    assert tc.save_cache_artifacts() is None
