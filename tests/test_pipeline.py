@@ -5,6 +5,7 @@ import logging
 import os
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
@@ -328,3 +329,25 @@ def test_a_failing_call_is_a_tori_runtime_error_naming_the_graph():
     compiled(torch.ones(3))
     with pytest.raises(tori.errors.ToriRuntimeError, match=r"graph 'graph\d+_inference' failed .*dimension 0 mismatch"):
         compiled(torch.ones(4))
+
+
+def test_threads_calling_one_graph_during_the_driver_trials():
+    compiled = torch.compile(lambda x: x * 2 + 1, backend="tori", options={"fallback": "error"})
+    compiled(torch.zeros(4))  # compile once, on this thread
+    results, errors = [], []
+
+    def worker(seed):
+        try:
+            for i in range(2 * TRIAL_CALLS_PER_DRIVER):
+                x = torch.full((4,), float(seed * 100 + i))
+                results.append(torch.equal(compiled(x), x * 2 + 1))
+        except Exception as error:  # collected: a failure in a thread must fail the test
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and len(results) == 8 * TRIAL_CALLS_PER_DRIVER and all(results)
+    assert tori.last_compile().forward.compiled.driver_choice is not None

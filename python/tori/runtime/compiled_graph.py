@@ -7,6 +7,7 @@ and no logging.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -62,6 +63,7 @@ class CompiledGraph:
             self.driver_choice = None
             self._trials = [d for _ in range(TRIAL_CALLS_PER_DRIVER) for d in drivers]
             self._timings: dict[str, list[float]] = {d: [] for d in drivers}
+            self._trial_lock = threading.Lock()
             self._call = self._call_measuring
 
     @property
@@ -83,14 +85,19 @@ class CompiledGraph:
         return self._run(self._active, args)
 
     def _call_measuring(self, args):
-        counters.compiled_calls += 1
-        driver = self._trials.pop(0)
-        start = time.perf_counter()
-        outputs = self._run(self._modules[driver], args)
-        self._timings[driver].append(time.perf_counter() - start)
-        if not self._trials:
-            self._settle()
-        return outputs
+        # Trials run one at a time, so that threads calling the same graph neither
+        # race for the trial list nor time each other's calls.
+        with self._trial_lock:
+            if self.driver_choice is not None:  # another thread settled it meanwhile
+                return self._call(args)
+            counters.compiled_calls += 1
+            driver = self._trials.pop(0)
+            start = time.perf_counter()
+            outputs = self._run(self._modules[driver], args)
+            self._timings[driver].append(time.perf_counter() - start)
+            if not self._trials:
+                self._settle()
+            return outputs
 
     def _settle(self) -> None:
         fastest = {d: min(t[1:]) * 1e6 for d, t in self._timings.items()}
