@@ -84,3 +84,7 @@ def run_pipeline(module: ir.Module, pipeline: str, *, graph: str = "") -> None:
             manager.run(module.operation)
         except Exception as error:
             raise CompileError(f"pass pipeline '{pipeline}' failed: {error}", stage=Stage.TORI.value, graph=graph) from error
+
+
+# Each pass module registers itself on import; imported last, after the registry exists.
+from tori.passes import fold_constants  # noqa: E402,F401
