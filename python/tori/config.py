@@ -17,6 +17,11 @@ from tori.errors import OptionsError
 from tori.targets import Target
 
 
+# The tori pass pipeline run when options name none; here rather than in tori.passes,
+# which imports MLIR and every pass, so that reading options stays light.
+DEFAULT_PIPELINE = "tori-fold-constants"
+
+
 class Fallback(str, enum.Enum):
     EAGER = "eager"  # run a graph that cannot be compiled in eager PyTorch, with a warning
     ERROR = "error"  # raise tori.errors.CompileError
@@ -48,8 +53,8 @@ class Options:
     cpu: str = "host"
     # Extra flags appended to every iree-compile invocation.
     iree_flags: tuple[str, ...] = ()
-    # tori pass pipeline applied at the `tori` stage (comma-separated pass names).
-    pipeline: str = ""
+    # tori pass pipeline applied at the `tori` stage (comma-separated pass names; "" runs none).
+    pipeline: str = DEFAULT_PIPELINE
     # Where failing IR and its reproducer command are written.
     repro_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "tori-repro")
     # When set, every stage of every compiled graph is written here.

@@ -14,6 +14,7 @@ from typing import Callable
 from torch_mlir import ir
 from torch_mlir.passmanager import PassManager
 
+from tori.config import DEFAULT_PIPELINE  # noqa: F401  (re-exported beside the registry)
 from tori.errors import CompileError, OptionsError
 from tori.stages import Stage
 

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 from torch_mlir import ir
 
 from tori.passes import register_pass
@@ -123,7 +124,7 @@ class _Folder:
 
     def value(self, value: ir.Value) -> Any:
         owner = value.owner
-        if not isinstance(owner, ir.OpView) and not isinstance(owner, ir.Operation):
+        if not isinstance(owner, (ir.OpView, ir.Operation)):
             raise _NotConstant  # a block argument
         op = owner.operation
         if op.name == "torch.vtensor.literal":
@@ -379,7 +380,10 @@ def _erase_dead(block: ir.Block) -> None:
 def fold_constants(op: ir.Operation, pass_: object) -> None:
     """Evaluate torch-dialect ops on constants with PyTorch and replace them by literals."""
     folder = _Folder(op)
-    folded = sum(_fold_block(folder, block) for block in _blocks(op))
+    # The backend compiles inside Dynamo's tracing, under its FakeTensorMode: tensors
+    # with real values need the dispatch modes set aside.
+    with _disable_current_modes():
+        folded = sum(_fold_block(folder, block) for block in _blocks(op))
     for block in _blocks(op):
         _erase_dead(block)
     log.debug("folded %d ops", folded)
