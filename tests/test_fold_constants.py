@@ -10,7 +10,7 @@ import torch
 
 import tori
 from tori.config import DEFAULT_PIPELINE, Options
-from tori.testing import assert_matches_eager
+from tori.testing import assert_matches_eager, count_graphs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
@@ -38,9 +38,6 @@ def test_an_assume_constant_result_tensor_matches_eager():
     assert_matches_eager(scaled_by_table, torch.randn(3, 4), options=FOLD)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Dynamo keeps an assume_constant_result tensor as a graph attribute that AOTAutograd lifts "
-    "to a graph input (%arg0 in the torch stage), so no pass sees it as a constant"))
 def test_an_assume_constant_result_tensor_folds_into_a_literal():
     assert_matches_eager(scaled_by_table, torch.randn(3, 4), options=FOLD)
     stages = tori.last_compile().stages
@@ -87,3 +84,18 @@ def test_benchmark_models_match_eager_with_folding(name):
     with torch.no_grad():
         assert_matches_eager(spec.build(), *spec.example_inputs(), options=FOLD, **TOLERANCE)
     assert "func.func @main" in tori.last_compile().stages["tori"]
+
+
+def test_an_assume_constant_result_tensor_folds_in_training_too():
+    linear = torch.nn.Linear(4, 4)
+    reference = torch.nn.Linear(4, 4)
+    reference.load_state_dict(linear.state_dict())
+    x = torch.randn(3, 4)
+    compiled = tori.compiler.compile(lambda t: linear(t) + scaled_by_table(t), options={"fallback": "error", **FOLD})
+    with count_graphs() as count:
+        compiled(x).sum().backward()
+    (reference(x) + scaled_by_table(x)).sum().backward()
+    torch.testing.assert_close(linear.weight.grad, reference.weight.grad)
+    assert count.compiled_graphs == 2 and count.fallback_graphs == 0
+    forward = tori.last_compile().forward.stages["tori"]
+    assert "torch.aten._softmax" not in forward and "torch.vtensor.literal" in forward

@@ -44,7 +44,8 @@ def tori_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], options: d
         raise through_dynamo(error) from None
     record = new_record(opts)
     record.dynamo_code = gm.code
-    compilers = {kind: _aot_compiler(record, kind) for kind in ("forward", "backward", "inference")}
+    constants = _dynamo_constants(gm)
+    compilers = {kind: _aot_compiler(record, kind, constants) for kind in ("forward", "backward", "inference")}
     try:
         return aot_autograd(
             fw_compiler=compilers["forward"],
@@ -66,8 +67,51 @@ def tori_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], options: d
         return _fall_back(record.error, gm, opts, boxed=False)
 
 
-def _aot_compiler(record: CompileRecord, kind: str) -> Callable:
+def _dynamo_constants(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
+    """The tensors Dynamo itself put on the graph module as buffers: the values of
+    `assume_constant_result` functions. The module's own parameters and buffers are
+    graph inputs instead (named in `dynamo_flat_name_to_original_fqn`)."""
+    module_state = gm.meta.get("dynamo_flat_name_to_original_fqn", {})
+    return [tensor for name, tensor in gm.named_buffers(recurse=False) if name not in module_state]
+
+
+def _use_constants_as_literals(gm: torch.fx.GraphModule, constants: list[torch.Tensor]) -> None:
+    """Where an AOT graph input is one of `constants`, read it from an attribute instead.
+
+    AOTAutograd lifts the Dynamo graph's buffers to the first inputs of its forward
+    graph (`TracingContext.params_flat`, in order); an attribute reaches the `torch`
+    stage as a literal that constant folding can compute with. The input stays in the
+    signature, unused, so calls are unchanged.
+    """
+    context = torch._guards.TracingContext.try_get()
+    lifted = context.params_flat if context is not None and context.params_flat else []
+    placeholders = gm.graph.find_nodes(op="placeholder")
+    for index, tensor in enumerate(lifted[:len(placeholders)]):
+        if not any(tensor is constant for constant in constants):
+            continue
+        node = placeholders[index]
+        if any(_mutates(user, node) for user in node.users):
+            continue
+        name = f"_tori_constant_{index}"
+        gm.register_buffer(name, tensor)
+        with gm.graph.inserting_after(placeholders[-1]):
+            literal = gm.graph.get_attr(name)
+        literal.meta = dict(node.meta)
+        node.replace_all_uses_with(literal)
+    gm.recompile()
+
+
+def _mutates(user: torch.fx.Node, node: torch.fx.Node) -> bool:
+    schema = getattr(user.target, "_schema", None)
+    return schema is not None and any(
+        argument.alias_info is not None and argument.alias_info.is_write and value is node
+        for argument, value in zip(schema.arguments, user.args))
+
+
+def _aot_compiler(record: CompileRecord, kind: str, constants: list[torch.Tensor]) -> Callable:
     def compile_aot_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]):
+        if constants and kind != "backward":
+            _use_constants_as_literals(gm, constants)
         graph = GraphRecord(name=f"{record.name}_{kind}", kind=kind)
         record.graphs.append(graph)
         try:
