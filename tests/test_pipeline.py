@@ -79,6 +79,9 @@ def test_options_from_environment():
     with pytest.raises(OptionsError, match="valid fallbacks: eager, error"):
         from_environment({"TORI_FALLBACK": "sometimes"})
     assert Options.from_mapping({"fallback": "error"}, base=Options()).fallback is Fallback.ERROR
+    assert from_environment({"TORI_PIPELINE": ""}).pipeline == ""
+    assert from_environment({"TORI_FALLBACK": ""}).fallback is Fallback.EAGER
+    assert from_environment({}).pipeline == "tori-fold-constants"
 
 
 def test_every_stage_is_kept_in_order():

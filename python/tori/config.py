@@ -128,9 +128,18 @@ ENVIRONMENT = {
 }
 
 
+# Variables whose empty value means something (an empty pipeline runs no pass);
+# any other variable set to "" counts as unset.
+_EMPTY_MEANS_EMPTY = {"TORI_PIPELINE"}
+
+
 def from_environment(environ: Mapping[str, str] | None = None) -> Options:
     environ = os.environ if environ is None else environ
-    values = {field_name: _coerce(field_name, environ[var]) for var, field_name in ENVIRONMENT.items() if environ.get(var)}
+    values = {
+        field_name: _coerce(field_name, environ[var])
+        for var, field_name in ENVIRONMENT.items()
+        if environ.get(var) or (var in _EMPTY_MEANS_EMPTY and var in environ)
+    }
     return Options(**values)
 
 
