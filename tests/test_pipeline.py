@@ -11,6 +11,8 @@ import pytest
 import torch
 
 import tori
+import tori.passes
+from torch_mlir import ir
 from tori.config import Fallback, Options, from_environment
 from tori.runtime.compiled_graph import TRIAL_CALLS_PER_DRIVER
 from tori.errors import CompileError, OptionsError, UnsupportedOpError
@@ -354,3 +356,38 @@ def test_threads_calling_one_graph_during_the_driver_trials():
         thread.join()
     assert errors == [] and len(results) == 8 * TRIAL_CALLS_PER_DRIVER and all(results)
     assert tori.last_compile().forward.compiled.driver_choice is not None
+
+
+@tori.passes.register_pass("test-breaks-ir")
+def _break_ir(op, pass_):
+    """Test pass: gives a torch.constant.int a string value, which its verifier rejects."""
+    def visit(inner):
+        if inner.name == "torch.constant.int":
+            inner.attributes["value"] = ir.StringAttr.get("not an integer")
+            return ir.WalkResult.INTERRUPT
+        return ir.WalkResult.ADVANCE
+
+    op.walk(visit)
+
+
+def test_a_pass_that_breaks_the_ir_stops_there_with_its_input_as_repro(tmp_path):
+    def f(x):
+        return x * 3 + 1
+
+    options = {"pipeline": "tori-fold-constants,test-breaks-ir", "repro_dir": str(tmp_path)}
+    with pytest.raises(tori.passes.PassError) as raised:
+        torch.compile(f, backend="tori", options={**options, "fallback": "error"})(torch.ones(2))
+    error = raised.value
+    assert error.stage == "tori" and error.op == "pass test-breaks-ir" and "IREE" not in error.reason
+    assert error.repro.read_text() == error.ir_before and "torch.constant.int 3" in error.ir_before
+    assert error.command.endswith(f"-m tori.passes.run {error.repro} --pipeline test-breaks-ir")
+    # The command's runner, in a fresh interpreter that also has this test pass.
+    replay = (f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import test_pipeline; "
+              f"from tori.passes.run import main; sys.exit(main([{str(error.repro)!r}, '--pipeline', 'test-breaks-ir']))")
+    done = subprocess.run([sys.executable, "-c", replay], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "pass 'test-breaks-ir' failed or produced invalid IR" in done.stderr
+    # With the default fallback the graph runs eagerly, and nothing reached iree-compile.
+    torch._dynamo.reset()
+    with count_graphs() as count:
+        torch.testing.assert_close(torch.compile(f, backend="tori", options=options)(torch.ones(2)), f(torch.ones(2)))
+    assert count.fallback_graphs == 1 and "iree" not in tori.last_compile().forward.stages

@@ -17,7 +17,7 @@ from tori.errors import CompileError
 from tori.frontend.importer import import_graph, to_bytecode
 from tori.frontend.records import GraphRecord
 from tori.frontend.repro import write_repro
-from tori.passes import run_pipeline
+from tori.passes import PassError, run_pipeline
 from tori.runtime.compiled_graph import CompiledGraph
 from tori.stages import Stage
 from tori.targets import spec
@@ -50,6 +50,8 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
         record.stages[Stage.VMFB] = vmfb
         drivers = spec(options.target).drivers if options.driver is Driver.AUTO else (options.driver.value,)
         compiled = CompiledGraph(record.name, vmfb, signature, drivers, static_args)
+    except PassError as error:
+        raise write_repro(error, options.repro_dir, gm=gm, mlir=error.ir_before, pipeline=error.pass_name)
     except CompileError as error:
         failing_ir = record.stages[Stage.TORI] if Stage.TORI in record.stages else (
             record.stages[Stage.TORCH] if Stage.TORCH in record.stages else None)

@@ -72,19 +72,31 @@ def validate_pipeline(pipeline: str) -> str:
     return pipeline
 
 
+class PassError(CompileError):
+    """A pass failed or left IR that does not verify; `ir_before` is its input."""
+
+    def __init__(self, message: str, *, pass_name: str, ir_before: str, graph: str = ""):
+        self.pass_name = pass_name
+        self.ir_before = ir_before
+        super().__init__(message, stage=Stage.TORI.value, graph=graph, op=f"pass {pass_name}")
+
+
 def run_pipeline(module: ir.Module, pipeline: str, *, graph: str = "") -> None:
-    """Run a textual tori pipeline over `module` in place."""
-    names = parse_pipeline(pipeline)
-    if not names:
-        return
+    """Run a textual tori pipeline over `module` in place, one pass at a time.
+
+    MLIR's verifier runs after every pass, so invalid IR stops at the pass that made
+    it, never reaches IREE, and the error carries the IR that pass was given.
+    """
     with module.context:
-        manager = PassManager("builtin.module")
-        for name in names:
+        for name in parse_pipeline(pipeline):
+            manager = PassManager("builtin.module")
             _add_pass(manager, name)
-        try:
-            manager.run(module.operation)
-        except Exception as error:
-            raise CompileError(f"pass pipeline '{pipeline}' failed: {error}", stage=Stage.TORI.value, graph=graph) from error
+            ir_before = str(module)
+            try:
+                manager.run(module.operation)
+            except Exception as error:
+                raise PassError(f"pass '{name}' failed or produced invalid IR: {error}",
+                                pass_name=name, ir_before=ir_before, graph=graph) from error
 
 
 # Each pass module registers itself on import; imported last, after the registry exists.
