@@ -54,7 +54,6 @@ class CompiledGraph:
         self._num_results = signature.num_iree_results
         self._vmfb = vmfb
         self._modules = {d: LoadedModule(vmfb, d) for d in drivers}
-        self.calls = 0
         if len(drivers) == 1:
             self.driver_choice = DriverChoice(drivers[0], "set by the 'driver' option")
             self._active = self._modules[drivers[0]]
@@ -123,7 +122,6 @@ class CompiledGraph:
         return buffer, address
 
     def _run(self, module: LoadedModule, args):
-        self.calls += 1
         packed = rt.VmVariantList(len(args))
         import_tensor = module.device.from_dlpack_capsule
         # Addresses of the host memory IREE reads in place. IREE hands back an
@@ -186,6 +184,6 @@ def _importable(value: torch.Tensor) -> tuple[torch.Tensor, int]:
 def _as_dtype(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     # IREE has signless integers: an unsigned result comes back as the signed type
     # of the same width, which a bit-for-bit view restores.
-    if tensor.element_size() == torch.empty((), dtype=dtype).element_size():
+    if tensor.element_size() == dtype.itemsize:
         return tensor.view(dtype)
     return tensor.to(dtype)
