@@ -37,7 +37,7 @@ def _fx_script(gm: torch.fx.GraphModule, graph_name: str, module_path: Path) -> 
         "# The graph (pickled beside this file):",
         *("# " + line for line in readable.splitlines()),
         "import torch",
-        "import torch._dynamo  # loads every higher-order op that make_fx may meet",
+        "import torch._dynamo  # registers every higher-order op the graph may hold",
         "from torch.fx.passes.fake_tensor_prop import FakeTensorProp",
         "from tori.frontend.importer import import_graph",
         "",
