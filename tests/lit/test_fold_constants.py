@@ -1,36 +1,10 @@
 """FileCheck tests of tori-fold-constants: torch-dialect IR in, the folded IR out."""
 
-import textwrap
-
 import pytest
-from filecheck.matcher import Matcher
-from filecheck.options import Options as FileCheckOptions
-from torch_mlir import ir
 
-from tori.frontend.importer import new_context
-from tori.passes import run_pipeline
 from tori.passes.fold_constants import FOLD_LIMIT
 
-
-def fold(source: str) -> str:
-    module = ir.Module.parse(textwrap.dedent(source), context=new_context())
-    run_pipeline(module, "tori-fold-constants")
-    assert module.operation.verify()
-    return str(module)
-
-
-@pytest.fixture
-def filecheck(tmp_path):
-    def check(source: str, checks: str) -> None:
-        """Fold `source`, then run the FileCheck `checks` over the result."""
-        output = fold(source)
-        checks_file, output_file = tmp_path / "checks", tmp_path / "output.mlir"
-        checks_file.write_text(textwrap.dedent(checks))
-        output_file.write_text(output)
-        matcher = Matcher.from_opts(FileCheckOptions(match_filename=str(checks_file), input_file=str(output_file)))
-        assert matcher.run() == 0, f"FileCheck failed (report in the captured stderr) on:\n{output}"
-
-    return check
+PIPELINE = "tori-fold-constants"
 
 
 def test_literal_arithmetic_folds_to_one_literal(filecheck):

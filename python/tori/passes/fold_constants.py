@@ -38,7 +38,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 from torch_mlir import ir
 
-from tori.passes import register_pass
+from tori.passes.registry import register_pass
 
 log = logging.getLogger("tori.passes.fold_constants")
 
@@ -119,6 +119,7 @@ class _Folder:
     module's resource blobs (read from its text once, when first needed)."""
 
     module: ir.Operation
+    limit: int = FOLD_LIMIT
     tensors: dict[ir.Operation, torch.Tensor] = field(default_factory=dict)
     blobs: dict[str, bytes] | None = None
 
@@ -228,7 +229,7 @@ def _overload(op: ir.Operation) -> torch._ops.OpOverload | None:
     return overload
 
 
-def _result_kinds(op: ir.Operation) -> list[_TensorType | str] | None:
+def _result_kinds(op: ir.Operation, limit: int) -> list[_TensorType | str] | None:
     """What each result becomes: a literal of that type, or a scalar constant
     (`int`, `float`, `bool`); None when one of them cannot be a constant."""
     kinds: list[_TensorType | str] = []
@@ -238,7 +239,7 @@ def _result_kinds(op: ir.Operation) -> list[_TensorType | str] | None:
             kinds.append(text[len("!torch."):])
             continue
         type_ = _TensorType.parse(result.type)
-        if type_ is None or type_.numel > FOLD_LIMIT:
+        if type_ is None or type_.numel > limit:
             return None
         kinds.append(type_)
     return kinds or None
@@ -306,7 +307,7 @@ def _constant_op(value: Any, kind: _TensorType | str, result_type: ir.Type) -> i
 def _fold(folder: _Folder, op: ir.Operation) -> bool:
     """Replace `op` by constants if it can be evaluated; True when it was."""
     overload = _overload(op)
-    kinds = _result_kinds(op) if overload is not None else None
+    kinds = _result_kinds(op, folder.limit) if overload is not None else None
     if kinds is None:
         return False
     try:
@@ -377,9 +378,12 @@ def _erase_dead(block: ir.Block) -> None:
 
 
 @register_pass("tori-fold-constants")
-def fold_constants(op: ir.Operation, pass_: object) -> None:
-    """Evaluate torch-dialect ops on constants with PyTorch and replace them by literals."""
-    folder = _Folder(op)
+def fold_constants(op: ir.Operation, pass_: object, *, limit: int = FOLD_LIMIT) -> None:
+    """Evaluate torch-dialect ops on constants with PyTorch and replace them by literals.
+
+    `limit`: the most elements one folded result may have.
+    """
+    folder = _Folder(op, limit)
     # The backend compiles inside Dynamo's tracing, under its FakeTensorMode: tensors
     # with real values need the dispatch modes set aside.
     with _disable_current_modes():
