@@ -1,10 +1,14 @@
 """Textual pipelines in MLIR's syntax: tori passes mixed with upstream ones, anchors, options."""
 
+import textwrap
+
 import pytest
+from torch_mlir import ir
 
 import tori
 from tori.errors import OptionsError
-from tori.passes import PassStep, parse_pipeline, validate_pipeline
+from tori.frontend.importer import new_context
+from tori.passes import PassError, PassStep, parse_pipeline, register_pass, run_pipeline, validate_pipeline
 
 PIPELINE = "builtin.module(func.func(tori-fold-constants, canonicalize), cse)"
 
@@ -33,7 +37,8 @@ def test_parse_nested_anchors_and_options():
                  {"max-iterations": "2", "region-simplify": "disabled"}, "max-iterations=2 region-simplify=disabled"),
         PassStep("cse", ("builtin.module",)),
     ]
-    assert steps[0].text() == "builtin.module(func.func(tori-fold-constants{limit=8}))"
+    assert steps[0].text() == "func.func(tori-fold-constants{limit=8})"
+    assert steps[0].text(with_root=True) == "builtin.module(func.func(tori-fold-constants{limit=8}))"
 
 
 def test_a_bare_list_runs_on_the_module():
@@ -99,3 +104,28 @@ def test_torch_mlir_passes_mix_with_tori_passes(filecheck):
         # CHECK-LABEL: func.func @first
         # CHECK-NOT:     torch.aten.mul.Scalar
     """, pipeline="func.func(torch-reduce-op-variants), tori-fold-constants")
+
+
+@register_pass("test-signals-failure")
+def _signals_failure(op, pass_):
+    """Test pass: fails on every op it runs on."""
+    pass_.signal_pass_failure()
+
+
+def test_a_failing_nested_pass_is_named_with_its_anchor_and_input():
+    module = ir.Module.parse(textwrap.dedent(TWO_FUNCTIONS), context=new_context())
+    before = str(module)
+    with pytest.raises(PassError) as raised:
+        run_pipeline(module, "tori-fold-constants, func.func(test-signals-failure)")
+    error = raised.value
+    assert error.pass_name == "test-signals-failure" and error.step == "func.func(test-signals-failure)"
+    assert error.stage == "tori" and "torch.aten.mul.Scalar" not in error.ir_before != before
+
+
+def test_each_pass_reports_time_and_whether_it_changed_the_ir():
+    module = ir.Module.parse(textwrap.dedent(TWO_FUNCTIONS), context=new_context())
+    seen = []
+    runs = run_pipeline(module, "func.func(tori-fold-constants), cse", on_pass=seen.append)
+    assert runs == seen and [run.step.name for run in runs] == ["tori-fold-constants", "cse"]
+    assert [run.changed for run in runs] == [True, False]
+    assert all(run.seconds >= 0 for run in runs) and runs[0].ir_after == str(module)

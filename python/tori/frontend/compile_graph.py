@@ -51,7 +51,7 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
         drivers = spec(options.target).drivers if options.driver is Driver.AUTO else (options.driver.value,)
         compiled = CompiledGraph(record.name, vmfb, signature, drivers, static_args)
     except PassError as error:
-        raise write_repro(error, options.repro_dir, gm=gm, mlir=error.ir_before, pipeline=error.pass_name)
+        raise write_repro(error, options.repro_dir, gm=gm, mlir=error.ir_before, pipeline=error.step)
     except CompileError as error:
         failing_ir = record.stages[Stage.TORI] if Stage.TORI in record.stages else (
             record.stages[Stage.TORCH] if Stage.TORCH in record.stages else None)

@@ -108,10 +108,11 @@ class PassStep:
     options: dict[str, str] = field(default_factory=dict)
     options_text: str = ""
 
-    def text(self) -> str:
-        """This step alone in MLIR's syntax, anchored at the module."""
+    def text(self, *, with_root: bool = False) -> str:
+        """This step alone in MLIR's syntax: `func.func(cse)`, or with the module
+        anchor written out, `builtin.module(func.func(cse))`."""
         body = self.name + (f"{{{self.options_text}}}" if self.options_text else "")
-        for anchor in reversed(self.anchors):
+        for anchor in reversed(self.anchors if with_root else self.anchors[1:]):
             body = f"{anchor}({body})"
         return body
 
@@ -247,7 +248,7 @@ def _manager(step: PassStep) -> PassManager:
     registered = _REGISTRY.get(step.name)
     if registered is None:
         try:
-            return PassManager.parse(step.text())
+            return PassManager.parse(step.text(with_root=True))
         except ValueError as error:
             raise OptionsError("pass", step.text(), sorted(_REGISTRY) + [
                 "<any pass MLIR's or Torch-MLIR's bindings register, e.g. canonicalize, cse>",
@@ -277,8 +278,10 @@ def validate_pipeline(pipeline: str) -> str:
 class PassError(CompileError):
     """A pass failed or left IR that does not verify; `ir_before` is its input."""
 
-    def __init__(self, message: str, *, pass_name: str, ir_before: str, graph: str = ""):
+    def __init__(self, message: str, *, pass_name: str, ir_before: str, graph: str = "",
+                 step: str = ""):
         self.pass_name = pass_name
+        self.step = step or pass_name  # the pass as a one-step pipeline, anchors and options kept
         self.ir_before = ir_before
         super().__init__(message, stage=Stage.TORI.value, graph=graph, op=f"pass {pass_name}")
 
@@ -312,8 +315,9 @@ def run_pipeline(module: ir.Module, pipeline: str, *, graph: str = "",
             try:
                 manager.run(module.operation)
             except Exception as error:
-                raise PassError(f"pass '{step.text()}' failed or produced invalid IR: {error}",
-                                pass_name=step.name, ir_before=ir_before, graph=graph) from error
+                raise PassError(f"pass '{step.name}' failed or produced invalid IR: {error}",
+                                pass_name=step.name, ir_before=ir_before, graph=graph,
+                                step=step.text()) from error
             ir_after = str(module)
             done = PassRun(step, time.perf_counter() - start, ir_after != ir_before, ir_after)
             runs.append(done)
