@@ -391,3 +391,16 @@ def test_a_pass_that_breaks_the_ir_stops_there_with_its_input_as_repro(tmp_path)
     with count_graphs() as count:
         torch.testing.assert_close(torch.compile(f, backend="tori", options=options)(torch.ones(2)), f(torch.ones(2)))
     assert count.fallback_graphs == 1 and "iree" not in tori.last_compile().forward.stages
+
+
+def test_each_graph_records_the_passes_that_ran_on_it():
+    def f(x):
+        return x * (torch.ones(3) * 2)
+
+    options = {"pipeline": "builtin.module(func.func(tori-fold-constants), cse)", "fallback": "error"}
+    x = torch.randn(3)
+    torch.testing.assert_close(torch.compile(f, backend="tori", options=options)(x), f(x))
+    passes = tori.last_compile().forward.passes
+    assert [(run.step.name, run.step.anchors) for run in passes] == [
+        ("tori-fold-constants", ("builtin.module", "func.func")), ("cse", ("builtin.module",))]
+    assert passes[0].changed and all(run.seconds > 0 for run in passes)

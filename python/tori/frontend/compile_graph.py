@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch.fx
@@ -40,7 +41,8 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
         module, signature = import_graph(gm, graph_name=record.name)
         record.stages[Stage.TORCH] = str(module)
         if options.pipeline:
-            run_pipeline(module, options.pipeline, graph=record.name)
+            record.passes = [replace(run, ir_after=None) for run in
+                             run_pipeline(module, options.pipeline, graph=record.name)]
             record.stages[Stage.TORI] = str(module)
         else:
             record.stages[Stage.TORI] = record.stages[Stage.TORCH]

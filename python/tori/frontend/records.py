@@ -24,6 +24,7 @@ class GraphRecord:
     compiled: object | None = None  # tori.runtime.compiled_graph.CompiledGraph
     error: CompileError | None = None
     compile_seconds: float = 0.0
+    passes: list = field(default_factory=list)  # tori.passes.PassRun of each pass run, in order
 
     @property
     def fell_back(self) -> bool:
