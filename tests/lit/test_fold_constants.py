@@ -304,3 +304,40 @@ def test_an_op_pytorch_cannot_evaluate_stays(filecheck):
         # CHECK-LABEL: func.func @bad_index
         # CHECK:         torch.aten.select.int
     """)
+
+
+def test_arithmetic_on_an_assumed_constant_folds_through_its_origin(filecheck):
+    filecheck("""
+        func.func @assumed() -> !torch.vtensor<[2],f32> {
+          %0 = torch.vtensor.literal(dense<[1.0, 2.0]> : tensor<2xf32>) : !torch.vtensor<[2],f32>
+          %1 = "tori.assumed_constant"(%0) {function = "model.table", source = "model.py:3"} : (!torch.vtensor<[2],f32>) -> !torch.vtensor<[2],f32>
+          %int3 = torch.constant.int 3
+          %2 = torch.aten.mul.Scalar %1, %int3 : !torch.vtensor<[2],f32>, !torch.int -> !torch.vtensor<[2],f32>
+          return %2 : !torch.vtensor<[2],f32>
+        }
+    """, """
+        # CHECK-LABEL: func.func @assumed
+        # CHECK-NEXT:    %[[T:.+]] = torch.vtensor.literal(dense<[3.000000e+00, 6.000000e+00]> : tensor<2xf32>) : !torch.vtensor<[2],f32>
+        # CHECK-NEXT:    return %[[T]]
+        # CHECK-NOT:     tori.assumed_constant
+    """)
+
+
+def test_an_assumed_constant_used_with_an_argument_keeps_its_origin(filecheck):
+    filecheck("""
+        func.func @kept(%arg0: !torch.vtensor<[2],f32>) -> !torch.vtensor<[2],f32> {
+          %0 = torch.vtensor.literal(dense<[1.0, 2.0]> : tensor<2xf32>) : !torch.vtensor<[2],f32>
+          %1 = "tori.assumed_constant"(%0) {function = "model.table", source = "model.py:3"} : (!torch.vtensor<[2],f32>) -> !torch.vtensor<[2],f32>
+          %int2 = torch.constant.int 2
+          %2 = torch.aten.mul.Scalar %1, %int2 : !torch.vtensor<[2],f32>, !torch.int -> !torch.vtensor<[2],f32>
+          %3 = torch.aten.mul.Tensor %arg0, %1 : !torch.vtensor<[2],f32>, !torch.vtensor<[2],f32> -> !torch.vtensor<[2],f32>
+          %4 = torch.aten.add.Tensor %3, %2, %int2 : !torch.vtensor<[2],f32>, !torch.vtensor<[2],f32>, !torch.int -> !torch.vtensor<[2],f32>
+          return %4 : !torch.vtensor<[2],f32>
+        }
+    """, """
+        # CHECK-LABEL: func.func @kept
+        # CHECK-DAG:     %[[ORIGIN:.+]] = "tori.assumed_constant"(%{{.+}}) {function = "model.table", source = "model.py:3"}
+        # CHECK-DAG:     %[[DOUBLED:.+]] = torch.vtensor.literal(dense<[2.000000e+00, 4.000000e+00]>
+        # CHECK:         %[[PRODUCT:.+]] = torch.aten.mul.Tensor %arg0, %[[ORIGIN]]
+        # CHECK:         torch.aten.add.Tensor %[[PRODUCT]], %[[DOUBLED]]
+    """)

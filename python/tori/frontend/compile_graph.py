@@ -19,6 +19,7 @@ from tori.frontend.importer import import_graph, to_bytecode
 from tori.frontend.records import GraphRecord
 from tori.frontend.repro import write_repro
 from tori.passes import PassError, run_pipeline
+from tori.passes.lower_dialect import lower_for_iree
 from tori.runtime.compiled_graph import CompiledGraph
 from tori.stages import Stage
 from tori.targets import spec
@@ -46,6 +47,7 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
             record.stages[Stage.TORI] = str(module)
         else:
             record.stages[Stage.TORI] = record.stages[Stage.TORCH]
+        lower_for_iree(module, graph=record.name)
         invocation = IreeInvocation(tuple(compile_flags(options.target, options.cpu, options.iree_flags)))
         record.stages[Stage.IREE] = invocation.shell_command(f"{record.name}.mlirbc", f"{record.name}.vmfb")
         vmfb = run_iree_compile(to_bytecode(module), invocation, graph=record.name, timeout_s=options.compile_timeout_s)
@@ -57,6 +59,8 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
     except CompileError as error:
         failing_ir = record.stages[Stage.TORI] if Stage.TORI in record.stages else (
             record.stages[Stage.TORCH] if Stage.TORCH in record.stages else None)
+        if error.stage == Stage.IREE.value and module is not None:
+            failing_ir = str(module)  # what iree-compile was given: the tori dialect lowered away
         raise write_repro(error, options.repro_dir, gm=gm, mlir=failing_ir, iree_command=invocation,
                           pipeline=options.pipeline)
     finally:

@@ -15,6 +15,7 @@ from torch_mlir import ir
 from torch_mlir.dialects import torch as torch_d
 from torch_mlir.extras.fx_importer import FxImporter
 
+from tori.dialects import tori as tori_dialect
 from tori.errors import CompileError, UnsupportedOpError
 from tori.frontend.higher_order import NodeImporter
 from tori.frontend.signature import GraphSignature, split_outputs
@@ -26,6 +27,7 @@ FUNC_NAME = "main"
 def new_context() -> ir.Context:
     context = ir.Context()
     torch_d.register_dialect(context)
+    tori_dialect.load(context)
     return context
 
 

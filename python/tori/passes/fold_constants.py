@@ -3,12 +3,12 @@ with PyTorch on the host, and put literals in their place.
 
 Rewrites: a `torch.aten.*` op (or an allowed `torch.prim.*` op) whose operands are all
 constants (`torch.vtensor.literal`, `torch.constant.int/float/bool/none/str/device`, a
-`torch.prim.ListConstruct` of constants) runs as `torch.ops.aten.<op>.<overload>`,
-operands given positionally to the op's schema; its tensor results become
-`torch.vtensor.literal`s of the same `!torch.vtensor` type, its int/float/bool
-results `torch.constant.*`. One sweep in program order folds whole chains, since an
-op's constant operands were folded before it is visited. The constants that nothing
-uses any more are erased.
+`torch.prim.ListConstruct` of constants, a `tori.assumed_constant`: the value of its
+operand) runs as `torch.ops.aten.<op>.<overload>`, operands given positionally to
+the op's schema; its tensor results become `torch.vtensor.literal`s of the same
+`!torch.vtensor` type, its int/float/bool results `torch.constant.*`. One sweep in
+program order folds whole chains, since an op's constant operands were folded before
+it is visited. The constants that nothing uses any more are erased.
 
 Never changes: ops with side effects or randomness (`rand*`, `dropout`, `bernoulli`,
 `normal`, `uniform`, `multinomial`, in-place `*_` ops, any op whose schema mutates
@@ -38,6 +38,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 from torch_mlir import ir
 
+from tori.dialects.tori import AssumedConstantOp
 from tori.passes.registry import register_pass
 
 log = logging.getLogger("tori.passes.fold_constants")
@@ -63,6 +64,7 @@ _DTYPES: dict[str, tuple[torch.dtype, str, Any]] = {
     "si32": (torch.int32, "si32", np.int32),
     "si64": (torch.int64, "si64", np.int64),
 }
+ASSUMED_CONSTANT = AssumedConstantOp.OPERATION_NAME
 _VTENSOR = re.compile(r"^!torch\.vtensor<\[([^\]]*)\],(\w+)>$")
 
 # Words in an op's name that mean randomness or undefined contents.
@@ -141,6 +143,8 @@ class _Folder:
             return torch.device("cpu")
         if op.name == "torch.prim.ListConstruct":
             return [self.value(operand) for operand in op.operands]
+        if op.name == ASSUMED_CONSTANT:
+            return self.value(op.operands[0])  # the origin of a constant: its value is its operand's
         raise _NotConstant
 
     def _read_literal(self, op: ir.Operation) -> torch.Tensor:
@@ -344,7 +348,8 @@ def _is_dead_constant(op: ir.Operation) -> bool:
     """A constant, a list of constants, or a pure op on constants that nothing uses."""
     if not op.results or any(True for result in op.results for _ in result.uses):
         return False
-    if op.name.startswith("torch.constant.") or op.name in ("torch.vtensor.literal", "torch.prim.ListConstruct"):
+    if op.name.startswith("torch.constant.") or op.name in ("torch.vtensor.literal", "torch.prim.ListConstruct",
+                                                             ASSUMED_CONSTANT):
         return True
     # `empty*` ops are never folded but are pure: once their users fold, they go too.
     return op.name.startswith("torch.aten.empty") and not op.regions

@@ -1,0 +1,69 @@
+"""tori-lower-dialect: remove every `tori` op, so that IREE sees only the torch dialect.
+
+Rewrites: each op of the `tori` dialect (an identity carrying facts) is replaced by
+its operand: its result's uses take the operand, and the op is erased. The compile
+runs this pass after the user's pipeline, whatever that pipeline is, and then
+`check_lowered` fails the compile if any `tori.` op is left.
+
+Never changes: any op of another dialect, or the types of values; what the facts
+implied has been made explicit in the torch dialect by then (tori-specialize-guards)
+or is dropped with them.
+
+Example:
+    %0 = "tori.dim_facts"(%arg0) {dim = 0 : i64, divisor = 1 : i64, max = "inf", min = 2 : i64}
+           : (!torch.vtensor<[?],f32>) -> !torch.vtensor<[?],f32>
+    %1 = torch.aten.relu %0 : !torch.vtensor<[?],f32> -> !torch.vtensor<[?],f32>
+becomes
+    %0 = torch.aten.relu %arg0 : !torch.vtensor<[?],f32> -> !torch.vtensor<[?],f32>
+"""
+
+from __future__ import annotations
+
+from torch_mlir import ir
+
+from tori.dialects.tori import OP_NAMES
+from tori.errors import CompileError
+from tori.passes.registry import register_pass, run_pipeline
+from tori.stages import Stage
+
+PASS_NAME = "tori-lower-dialect"
+
+
+def _tori_ops(op: ir.Operation, names=None) -> list[ir.Operation]:
+    """The ops nested in `op` whose dialect is `tori` (of `names`, when given), in order."""
+    found = []
+    for region in op.regions:
+        for block in region.blocks:
+            for child in block.operations:
+                child = child.operation
+                if (child.name in names) if names is not None else child.name.startswith("tori."):
+                    found.append(child)
+                found.extend(_tori_ops(child, names))
+    return found
+
+
+@register_pass(PASS_NAME)
+def lower_dialect(op: ir.Operation, pass_: object) -> None:
+    """Replace every tori op (an identity carrying facts) by its operand."""
+    for tori_op in _tori_ops(op, OP_NAMES):
+        tori_op.results[0].replace_all_uses_with(tori_op.operands[0])
+        tori_op.erase()
+
+
+def check_lowered(module: ir.Module, *, graph: str = "") -> None:
+    """Raise CompileError when an op of the tori dialect is left in `module`."""
+    left = _tori_ops(module.operation)
+    if left:
+        names = sorted({op.name for op in left})
+        raise CompileError(
+            f"{len(left)} op(s) of the tori dialect ({', '.join(names)}) are left after {PASS_NAME}; "
+            "IREE cannot compile them. A pass of the pipeline made an op that tori-lower-dialect "
+            "does not know: remove that pass or lower its op first",
+            stage=Stage.TORI.value, graph=graph, op=names[0], location=str(left[0].location),
+        )
+
+
+def lower_for_iree(module: ir.Module, *, graph: str = "") -> None:
+    """Run tori-lower-dialect over `module` and check that no tori op is left."""
+    run_pipeline(module, PASS_NAME, graph=graph)
+    check_lowered(module, graph=graph)
