@@ -16,11 +16,13 @@ class ToriError(Exception):
 class OptionsError(ToriError, ValueError):
     """An option, target, stance or environment variable has an invalid value."""
 
-    def __init__(self, what: str, value: object, valid: list[str] | tuple[str, ...], hint: str = ""):
+    def __init__(self, what: str, value: object, valid: list[str] | tuple[str, ...], hint: str = "",
+                 *, message: str | None = None):
         self.what = what
         self.value = value
         self.valid = tuple(valid)
-        message = f"unknown {what} {value!r}; valid {what}s: {', '.join(self.valid)}"
+        if message is None:
+            message = f"unknown {what} {value!r}; valid {what}s: {', '.join(self.valid)}"
         if hint:
             message += f". {hint}"
         super().__init__(message)

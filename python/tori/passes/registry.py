@@ -49,13 +49,16 @@ class RegisteredPass:
         bound = {}
         for key, text in options.items():
             if key not in self.options:
-                raise OptionsError(f"option of pass {self.name}", key, sorted(self.options) or ["<none>"])
+                valid = sorted(self.options)
+                raise OptionsError("pass option", key, valid, message=(
+                    f"pass {self.name} has no option {key!r}; its options: {', '.join(valid) or 'none'}"))
             default = self.options[key]
             try:
                 bound[key.replace("-", "_")] = _convert(text, type(default))
             except ValueError:
-                raise OptionsError(f"value of option {key} of pass {self.name}", text,
-                                   [f"a {type(default).__name__}"]) from None
+                kind = type(default).__name__
+                raise OptionsError("pass option value", text, [kind], message=(
+                    f"option {key} of pass {self.name} takes a {kind}, not {text!r}")) from None
         return bound
 
 
@@ -124,7 +127,9 @@ class _Parser:
 
     def error(self, message: str) -> OptionsError:
         pointer = f"{self.text}\n{' ' * self.pos}^"
-        return OptionsError("pipeline", self.text, [f"MLIR pipeline syntax ({message} at column {self.pos}):\n{pointer}"])
+        return OptionsError("pipeline", self.text, ["MLIR pass pipeline syntax"], message=(
+            f"invalid pipeline: {message} at column {self.pos}:\n{pointer}\n"
+            "expected MLIR's syntax, e.g. builtin.module(func.func(tori-fold-constants, canonicalize), cse)"))
 
     def skip_space(self) -> None:
         while self.pos < len(self.text) and self.text[self.pos].isspace():
@@ -250,9 +255,12 @@ def _manager(step: PassStep) -> PassManager:
         try:
             return PassManager.parse(step.text(with_root=True))
         except ValueError as error:
-            raise OptionsError("pass", step.text(), sorted(_REGISTRY) + [
-                "<any pass MLIR's or Torch-MLIR's bindings register, e.g. canonicalize, cse>",
-                f"(MLIR: {str(error).strip()})"]) from None
+            lines = str(error).strip().splitlines()
+            mlir_says = next((line.split("error: ", 1)[1] for line in lines if "error: " in line), lines[0] if lines else "")
+            raise OptionsError("pass", step.text(), sorted(_REGISTRY), message=(
+                f"unknown pass or pass option in pipeline step {step.text()!r}: MLIR says: {mlir_says}; "
+                f"tori's passes: {', '.join(sorted(_REGISTRY))}; any pass MLIR's or Torch-MLIR's "
+                "bindings register also works (e.g. canonicalize, cse, torch-reduce-op-variants)")) from None
     kwargs = registered.bind(step.options)
 
     def run(module: ir.Operation, pass_: object) -> None:
