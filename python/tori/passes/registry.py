@@ -258,7 +258,9 @@ def _manager(step: PassStep) -> PassManager:
             lines = str(error).strip().splitlines()
             mlir_says = next((line.split("error: ", 1)[1] for line in lines if "error: " in line), lines[0] if lines else "")
             raise OptionsError("pass", step.text(), sorted(_REGISTRY), message=(
-                f"unknown pass or pass option in pipeline step {step.text()!r}: MLIR says: {mlir_says}; "
+                (f"pass {step.name} rejects the options in {step.text()!r}" if step.options_text
+                 else f"unknown pass {step.name!r} (in {step.text()!r})")
+                + f": MLIR says: {mlir_says}; "
                 f"tori's passes: {', '.join(sorted(_REGISTRY))}; any pass MLIR's or Torch-MLIR's "
                 "bindings register also works (e.g. canonicalize, cse, torch-reduce-op-variants)")) from None
     kwargs = registered.bind(step.options)
