@@ -19,6 +19,7 @@ from torch._dynamo.exc import BackendCompilerFailed, RestartAnalysis, SkipFrame
 from tori.config import Fallback, Options
 from tori.errors import CompileError, OptionsError, ToriError, through_dynamo
 from tori.frontend.compile_graph import compile_graph
+from tori.frontend.constant_origins import ORIGIN, AssumedConstant, assumed_constants
 from tori.frontend.decompositions import decomposition_table
 from tori.frontend.records import CompileRecord, GraphRecord, new_record
 from tori.frontend.repro import write_repro
@@ -67,27 +68,30 @@ def tori_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], options: d
         return _fall_back(record.error, gm, opts, boxed=False)
 
 
-def _dynamo_constants(gm: torch.fx.GraphModule) -> list[torch.Tensor]:
+def _dynamo_constants(gm: torch.fx.GraphModule) -> list[AssumedConstant]:
     """The tensors Dynamo itself put on the graph module as buffers: the values of
-    `assume_constant_result` functions. The module's own parameters and buffers are
-    graph inputs instead (named in `dynamo_flat_name_to_original_fqn`)."""
+    `assume_constant_result` functions, with the function each came from. The
+    module's own parameters and buffers are graph inputs instead (named in
+    `dynamo_flat_name_to_original_fqn`)."""
     module_state = gm.meta.get("dynamo_flat_name_to_original_fqn", {})
-    return [tensor for name, tensor in gm.named_buffers(recurse=False) if name not in module_state]
+    return assumed_constants(gm, [name for name, _ in gm.named_buffers(recurse=False) if name not in module_state])
 
 
-def _use_constants_as_literals(gm: torch.fx.GraphModule, constants: list[torch.Tensor]) -> None:
+def _use_constants_as_literals(gm: torch.fx.GraphModule, constants: list[AssumedConstant]) -> None:
     """Where an AOT graph input is one of `constants`, read it from an attribute instead.
 
     AOTAutograd lifts the Dynamo graph's buffers to the first inputs of its forward
     graph (`TracingContext.params_flat`, in order); an attribute reaches the `torch`
     stage as a literal that constant folding can compute with. The input stays in the
-    signature, unused, so calls are unchanged.
+    signature, unused, so calls are unchanged. The literal's node keeps where the
+    constant came from (meta ORIGIN), for the importer's `tori.assumed_constant`.
     """
     context = torch._guards.TracingContext.try_get()
     lifted = context.params_flat if context is not None and context.params_flat else []
     placeholders = gm.graph.find_nodes(op="placeholder")
     for index, tensor in enumerate(lifted[:len(placeholders)]):
-        if not any(tensor is constant for constant in constants):
+        origin = next((constant for constant in constants if constant.tensor is tensor), None)
+        if origin is None:
             continue
         node = placeholders[index]
         if any(_mutates(user, node) for user in node.users):
@@ -97,6 +101,7 @@ def _use_constants_as_literals(gm: torch.fx.GraphModule, constants: list[torch.T
         with gm.graph.inserting_after(placeholders[-1]):
             literal = gm.graph.get_attr(name)
         literal.meta = dict(node.meta)
+        literal.meta[ORIGIN] = origin
         node.replace_all_uses_with(literal)
     gm.recompile()
 
@@ -108,7 +113,7 @@ def _mutates(user: torch.fx.Node, node: torch.fx.Node) -> bool:
         for argument, value in zip(schema.arguments, user.args))
 
 
-def _aot_compiler(record: CompileRecord, kind: str, constants: list[torch.Tensor]) -> Callable:
+def _aot_compiler(record: CompileRecord, kind: str, constants: list[AssumedConstant]) -> Callable:
     def compile_aot_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]):
         if constants and kind != "backward":
             _use_constants_as_literals(gm, constants)

@@ -17,6 +17,8 @@ from torch_mlir.extras.fx_importer import FxImporter
 
 from tori.dialects import tori as tori_dialect
 from tori.errors import CompileError, UnsupportedOpError
+from tori.frontend.constant_origins import wrap_literal
+from tori.frontend.guard_facts import graph_facts, insert_facts
 from tori.frontend.higher_order import NodeImporter
 from tori.frontend.signature import GraphSignature, split_outputs
 from tori.stages import Stage
@@ -29,6 +31,18 @@ def new_context() -> ir.Context:
     torch_d.register_dialect(context)
     tori_dialect.load(context)
     return context
+
+
+class _NodeImporter(NodeImporter):
+    """tori's node importer: the literal of an `assume_constant_result` value is
+    wrapped in its `tori.assumed_constant` origin op as it is imported."""
+
+    __slots__ = ()
+
+    def bind_node_value(self, node, value, result_index: int = 0):
+        if node.op == "get_attr":
+            value = wrap_literal(node, value)
+        super().bind_node_value(node, value, result_index)
 
 
 def _computed_graph(gm: torch.fx.GraphModule, computed: list[torch.fx.Node]) -> torch.fx.GraphModule:
@@ -103,7 +117,7 @@ def import_graph(gm: torch.fx.GraphModule, *, graph_name: str) -> tuple[ir.Modul
     _copy_subgraphs(owner, {})
     graph = owner.graph
     _expand_sym_sums(graph)
-    importer = FxImporter(context=new_context(), graph_node_importer_cls=NodeImporter)
+    importer = FxImporter(context=new_context(), graph_node_importer_cls=_NodeImporter)
     try:
         importer.import_stateless_graph(graph, func_name=FUNC_NAME)
     except NotImplementedError as error:
@@ -117,6 +131,7 @@ def import_graph(gm: torch.fx.GraphModule, *, graph_name: str) -> tuple[ir.Modul
             stage=Stage.TORCH.value, graph=graph_name, op=_failing_op(graph, error),
         ) from error
     module = importer.module
+    insert_facts(module, graph_facts(graph), FUNC_NAME)
     if not module.operation.verify():
         raise CompileError("the imported torch-dialect module does not verify", stage=Stage.TORCH.value, graph=graph_name)
     return module, signature
