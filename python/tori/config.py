@@ -61,6 +61,10 @@ class Options:
     dump_dir: Path | None = None
     # iree-compile is killed after this many seconds.
     compile_timeout_s: float = 900.0
+    # Graphs with dynamic shapes: at most this many static-shape variants per graph,
+    # one for each input size seen `specialize_after` times (0: off; frontend/shape_variants.py).
+    specialize_shapes: int = 0
+    specialize_after: int = 3
 
     def replace(self, **changes: Any) -> "Options":
         return dataclasses.replace(self, **changes)
@@ -103,6 +107,8 @@ def _coerce(name: str, value: Any) -> Any:
         if value <= 0:
             raise OptionsError("compile_timeout_s", value, ["a positive number of seconds"])
         return value
+    if name in _COUNTS:
+        return _count(name, value, _COUNTS[name])
     if name in ("cpu", "pipeline"):
         if not isinstance(value, str):
             raise OptionsError(name, value, ["a string"])
@@ -111,6 +117,21 @@ def _coerce(name: str, value: Any) -> Any:
 
             return validate_pipeline(value)
         return value
+    return value
+
+
+# Integer options and their least valid value.
+_COUNTS = {"specialize_shapes": 0, "specialize_after": 1}
+
+
+def _count(name: str, value: Any, least: int) -> int:
+    if isinstance(value, str):
+        try:
+            value = int(value.strip())
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise OptionsError(name, value, [f"an integer >= {least}"])
     return value
 
 
@@ -125,6 +146,8 @@ ENVIRONMENT = {
     "TORI_REPRO_DIR": "repro_dir",
     "TORI_DUMP_DIR": "dump_dir",
     "TORI_COMPILE_TIMEOUT": "compile_timeout_s",
+    "TORI_SPECIALIZE_SHAPES": "specialize_shapes",
+    "TORI_SPECIALIZE_AFTER": "specialize_after",
 }
 
 

@@ -13,6 +13,7 @@ class Counters:
     fallback_graphs: int = 0  # AOT or Dynamo graphs that run in eager PyTorch instead
     compiled_calls: int = 0  # calls served by an IREE module
     fallback_calls: int = 0  # calls served by eager PyTorch after a fallback
+    shape_variants: int = 0  # static-shape variants compiled for graphs with dynamic shapes
 
     def snapshot(self) -> "Counters":
         return Counters(**{f.name: getattr(self, f.name) for f in fields(self)})

@@ -23,6 +23,7 @@ from tori.frontend.constant_origins import ORIGIN, AssumedConstant, assumed_cons
 from tori.frontend.decompositions import decomposition_table
 from tori.frontend.records import CompileRecord, GraphRecord, new_record
 from tori.frontend.repro import write_repro
+from tori.frontend.shape_variants import specialize
 from tori.stages import Stage
 from tori.stats import counters
 
@@ -120,12 +121,13 @@ def _aot_compiler(record: CompileRecord, kind: str, constants: list[AssumedConst
         graph = GraphRecord(name=f"{record.name}_{kind}", kind=kind)
         record.graphs.append(graph)
         try:
-            compiled = compile_graph(gm, record.options, graph, _static_inputs(kind))
+            static_args = _static_inputs(kind)
+            compiled = compile_graph(gm, record.options, graph, static_args)
         except CompileError as error:
             graph.error = error
             return _fall_back(error, gm, record.options, boxed=True)
         counters.compiled_graphs += 1
-        return _boxed(compiled)
+        return _boxed(specialize(compiled, gm, record.options, graph, static_args))
 
     return compile_aot_graph
 

@@ -25,6 +25,10 @@ class GraphRecord:
     error: CompileError | None = None
     compile_seconds: float = 0.0
     passes: list = field(default_factory=list)  # tori.passes.PassRun of each pass run, in order
+    # Static-shape variants of a graph with dynamic shapes (option specialize_shapes),
+    # in the order they were compiled; a variant's `sizes` are the input sizes it serves.
+    variants: list["GraphRecord"] = field(default_factory=list)
+    sizes: tuple | None = None
 
     @property
     def fell_back(self) -> bool:
