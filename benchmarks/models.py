@@ -156,3 +156,52 @@ def gpt2_decoder() -> nn.Module:
 def tiny_linear() -> nn.Module:
     # Almost no arithmetic: its latency is the per-call overhead of each backend.
     return nn.Sequential(nn.Linear(16, 16), nn.ReLU())
+
+
+class HandRMSNorm(nn.Module):
+    """LLaMA's RMSNorm, written out as its users write it."""
+
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(1 + 0.1 * torch.randn(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
+class HandAttentionBlock(nn.Module):
+    """A pre-norm decoder block with everything written out by hand: RMSNorm,
+    separate q/k/v projections, attention as matmul/softmax/matmul under a causal
+    mask built in forward, and a tanh-GELU MLP."""
+
+    def __init__(self, dim: int = 128, heads: int = 4):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = HandRMSNorm(dim), HandRMSNorm(dim)
+        self.q, self.k, self.v = (nn.Linear(dim, dim, bias=False) for _ in range(3))
+        self.o = nn.Linear(dim, dim, bias=False)
+        self.up, self.down = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+    def attention(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, dim = x.shape
+        head_dim = dim // self.heads
+        q, k, v = (proj(x).view(batch, seq, self.heads, head_dim).transpose(1, 2) for proj in (self.q, self.k, self.v))
+        scores = q @ k.transpose(-2, -1) / head_dim ** 0.5
+        causal = torch.triu(torch.ones(seq, seq, dtype=torch.bool, device=x.device), diagonal=1)
+        probs = scores.masked_fill(causal, float("-inf")).softmax(dim=-1)
+        return self.o((probs @ v).transpose(1, 2).reshape(batch, seq, dim))
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.up(x)
+        h = 0.5 * h * (1 + torch.tanh(0.7978845608028654 * (h + 0.044715 * h.pow(3))))
+        return self.down(h)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+@register("hand_attention", inputs=lambda g: (torch.randn(4, 64, 128, generator=g),))
+def hand_attention() -> nn.Module:
+    return HandAttentionBlock()

@@ -1,0 +1,58 @@
+"""How many dispatches IREE makes of a torch-dialect module: iree-compile stopped
+after dispatch formation (`--compile-to=flow`), its `flow.dispatch` ops counted.
+
+A dispatch is one kernel launch per call, so the count is what fusion passes are
+judged by, next to measured latency.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+from torch_mlir import ir
+
+from tori.frontend.importer import to_bytecode
+from tori.targets import Target
+from tori.targets.iree_compile import IreeInvocation, compile_flags, run_iree_compile
+
+# `flow.dispatch @executable::@entry(...)`, as IREE prints a dispatch in the flow phase.
+_DISPATCH = re.compile(r"\bflow\.dispatch @([\w$.-]+)::@([\w$.-]+)")
+
+
+@dataclass(frozen=True)
+class Dispatches:
+    """The dispatches of one module: entry point names in program order."""
+
+    entries: tuple[str, ...]
+    flow_ir: str
+
+    @property
+    def count(self) -> int:
+        return len(self.entries)
+
+    def by_kind(self) -> Counter:
+        """Dispatches per kind, from IREE's entry names (`..._matmul_...`, `..._attention_...`)."""
+        kinds: Counter = Counter()
+        for entry in self.entries:
+            # IREE names an entry `<func>_dispatch_<n>_<kind>_<shape>_<types>`.
+            words = entry.split("::")[-1].rsplit("_dispatch_", 1)[-1].split("_")[1:]
+            kinds[words[0] if words else entry] += 1
+        return kinds
+
+
+def flow_ir(module: ir.Module | bytes, *, target: Target = Target.CPU, cpu: str = "host",
+            flags: tuple[str, ...] = (), timeout_s: float = 600.0) -> str:
+    """The module after IREE's flow phase, as text."""
+    bytecode = module if isinstance(module, bytes) else to_bytecode(module)
+    invocation = IreeInvocation(tuple(compile_flags(target, cpu, flags)) + ("--compile-to=flow",))
+    return run_iree_compile(bytecode, invocation, graph="dispatch-count", timeout_s=timeout_s).decode()
+
+
+def count_dispatches(module: ir.Module | bytes, *, target: Target = Target.CPU, cpu: str = "host",
+                     flags: tuple[str, ...] = (), timeout_s: float = 600.0) -> Dispatches:
+    """The dispatches IREE forms for `module` (torch dialect, as an ir.Module or
+    its bytecode) compiled for `target` with the extra `flags`."""
+    text = flow_ir(module, target=target, cpu=cpu, flags=flags, timeout_s=timeout_s)
+    return Dispatches(tuple(f"{m.group(1)}::{m.group(2)}" for m in _DISPATCH.finditer(text)), text)
