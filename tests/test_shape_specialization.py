@@ -2,6 +2,7 @@
 get static variants, other sizes run the dynamic module, all matching eager."""
 
 import logging
+import threading
 
 import pytest
 import torch
@@ -175,3 +176,29 @@ def test_specialization_options_from_environment_and_config():
     with tori.compiler.config.patch(specialize_shapes=3):
         assert tori.compiler.config.specialize_shapes == 3
     assert tori.compiler.config.specialize_shapes == from_environment().specialize_shapes
+
+
+def test_threads_reaching_the_threshold_together_compile_one_variant():
+    compiled = _compile(_softmax_rows, specialize_shapes=2, specialize_after=1)
+    w = torch.randn(5, 7)
+    inputs = [torch.randn(4, 5) for _ in range(8)]
+    compiled(torch.randn(3, 5), w)  # Dynamo compiles (and this size its variant) before the threads start
+    results, errors = [None] * len(inputs), []
+
+    def call(i):
+        try:
+            results[i] = compiled(inputs[i], w)
+        except Exception as error:  # reported below, with the thread's input
+            errors.append((i, error))
+
+    with count_graphs() as count:
+        threads = [threading.Thread(target=call, args=(i,)) for i in range(len(inputs))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert errors == []
+    for x, result in zip(inputs, results):
+        torch.testing.assert_close(result, _softmax_rows(x, w))
+    assert count.shape_variants == 1 and count.compiled_calls == len(inputs) and count.fallback_calls == 0
+    assert [v.sizes[0] for v in tori.last_compile().forward.variants] == [(3, 5), (4, 5)]

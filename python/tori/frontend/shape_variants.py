@@ -14,8 +14,8 @@ whose AOT form has symbolic sizes is wrapped in a `ShapeVariants`:
   other threads and makes "which call compiles" deterministic. The compile runs
   outside the lock, so other threads keep calling the dynamic module meanwhile, and
   one size is never compiled twice.
-- A variant is the AOT graph re-traced by `make_fx` over fake tensors of the seen
-  sizes: every symbolic size becomes a constant. It keeps the graph's placeholders,
+- A variant is the AOT graph with fake tensors of the seen sizes propagated through
+  it (`static_graph`): every symbolic size becomes a constant. It keeps the graph's placeholders,
   so it is called exactly as the dynamic module is (same argument order, parameters
   at the same positions); SymInt arguments stay in the signature, unused. It goes
   through the same `compile_graph`, and its record is in the graph's record
@@ -31,13 +31,15 @@ takes SymInts.
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 from typing import Any, Callable
 
 import torch
 import torch.fx
-from torch.fx.experimental.proxy_tensor import make_fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.passes.fake_tensor_prop import FakeTensorProp
 
 from tori.config import Driver, Options
 from tori.frontend.compile_graph import compile_graph
@@ -194,16 +196,33 @@ class ShapeVariants:
 
 
 def static_graph(gm: torch.fx.GraphModule, args: list) -> torch.fx.GraphModule:
-    """`gm` re-traced with the sizes of `args`: every symbolic size is a constant.
+    """A copy of `gm` with the sizes of `args`: every symbolic size is a constant.
 
-    The trace runs on fake tensors (no computation); the placeholders stay as they
-    are, scalar ones carrying their value as metadata for the importer.
+    The scalar arguments' values replace their uses, fake tensors of the arguments'
+    sizes are propagated through the copy (FakeTensorProp: no computation), and each
+    node that now computes a plain number is replaced by it. The placeholders stay.
+    This interprets the graph rather than re-tracing it with FX, whose process-wide
+    "tracing" flag would make other threads' calls of Dynamo-compiled functions fail.
     """
-    with torch.no_grad():
-        static = make_fx(gm, tracing_mode="fake")(*args)
-    for node, value in zip(static.graph.find_nodes(op="placeholder"), args):
+    static = torch.fx.GraphModule(gm, copy.deepcopy(gm.graph))
+    graph = static.graph
+    for node in graph.nodes:
+        node.meta.pop("tensor_meta", None)  # symbolic, and the importer reads it before "val"
+    for node, value in zip(graph.find_nodes(op="placeholder"), args):
         if not isinstance(value, torch.Tensor):
             node.meta["val"] = value
+            _replace_uses(node, value)
+    with torch.no_grad():
+        FakeTensorProp(static, FakeTensorMode(allow_non_fake_inputs=True)).propagate(*args)
+    for node in reversed(graph.nodes):
+        if node.op == "call_function" and isinstance(node.meta.get("val"), (int, float, bool)):
+            _replace_uses(node, node.meta["val"])
+            graph.erase_node(node)
+    static.recompile()
     return static
 
 
+def _replace_uses(node: torch.fx.Node, value: Any) -> None:
+    for user in list(node.users):
+        user.args = torch.fx.node.map_arg(user.args, lambda arg: value if arg is node else arg)
+        user.kwargs = torch.fx.node.map_arg(user.kwargs, lambda arg: value if arg is node else arg)
