@@ -30,7 +30,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import tori  # noqa: E402
+from torch_mlir import ir  # noqa: E402
+
+from tori.frontend.importer import new_context  # noqa: E402
+from tori.passes.lower_dialect import lower_for_iree  # noqa: E402
 from tori.runtime.compiled_graph import TRIAL_CALLS_PER_DRIVER  # noqa: E402
+from tori.stages import Stage  # noqa: E402
+from tori.targets.dispatches import count_dispatches  # noqa: E402
 from models import MODELS  # noqa: E402
 
 # Output tolerance against eager: compiled kernels reorder float reductions.
@@ -52,6 +58,7 @@ class Measurement:
     error: str | None = None
     driver: str | None = None  # tori only
     fallback: str | None = None  # tori only: what ran in eager PyTorch instead
+    dispatches: int | None = None  # tori only: IREE dispatches over the model's graphs
 
 
 @dataclass
@@ -95,6 +102,15 @@ def tori_backend(model: torch.nn.Module) -> Callable:
     return torch.compile(model, backend="tori")
 
 
+@config("tori-no-passes")
+def tori_without_passes(model: torch.nn.Module) -> Callable:
+    # The same compile with an empty tori pass pipeline: what tori's passes add.
+    return torch.compile(model, backend="tori", options={"pipeline": ""})
+
+
+TORI_CONFIGS = ("tori", "tori-no-passes")
+
+
 def _first_line(error: BaseException) -> str:
     text = f"{type(error).__name__}: {error}".strip()
     return text.splitlines()[0][:240]
@@ -114,15 +130,29 @@ def _tori_outcome(before: tori.stats.Counters, records: list[tori.CompileRecord]
     delta = tori.counters.since(before)
     drivers = {g.compiled.driver for r in records for g in r.graphs if g.compiled is not None and g.compiled.driver}
     result.driver = ",".join(sorted(drivers)) or None
+    compiled = [(r.options, g) for r in records for g in r.graphs if g.compiled is not None]
+    if compiled:
+        result.dispatches = sum(dispatch_count(g.stages[Stage.TORI], options) for options, g in compiled)
     if delta.fallback_graphs or delta.fallback_calls or not delta.compiled_calls:
         errors = _compile_errors(records)
         reason = _first_line(errors[0]) if errors else "no call ran compiled"
         result.fallback = f"{delta.fallback_graphs} graph(s) and {delta.fallback_calls} call(s) ran in eager: {reason}"
 
 
+def dispatch_count(tori_ir: str, options: tori.Options | None = None) -> int:
+    """The dispatches IREE forms for a `tori`-stage module, compiled as `options` say."""
+    options = options or tori.Options()
+    module = ir.Module.parse(tori_ir, context=new_context())
+    lower_for_iree(module)
+    return count_dispatches(module, target=options.target, cpu=options.cpu, flags=options.iree_flags).count
+
+
 def prepare(name: str, model: torch.nn.Module, inputs: tuple, expected: torch.Tensor) -> tuple[Callable | None, Measurement]:
-    """Build configuration `name`, time its first call, and check it against eager."""
+    """Build configuration `name`, time its first call, and check it against eager;
+    for a tori configuration, also what ran compiled and how many dispatches it has."""
     result = Measurement()
+    if name in TORI_CONFIGS:
+        tori_before, seen = tori.counters.snapshot(), {r.name for r in tori.compile_records()}
     try:
         fn = CONFIGS[name](model)
         start = time.perf_counter()
@@ -136,6 +166,9 @@ def prepare(name: str, model: torch.nn.Module, inputs: tuple, expected: torch.Te
         result.error = _first_line(error)
         traceback.print_exc(limit=-3)
         return None, result
+    finally:
+        if name in TORI_CONFIGS:
+            _tori_outcome(tori_before, _new_records(seen), result)
     return fn, result
 
 
@@ -161,7 +194,6 @@ def bench_model(model_name: str, seconds: float) -> ModelResult:
     model, inputs = spec.build(), spec.example_inputs()
     result = ModelResult(model_name)
     torch._dynamo.reset()
-    tori_before, seen = tori.counters.snapshot(), {r.name for r in tori.compile_records()}
     with torch.no_grad():
         expected = model(*inputs)
         ready = {}
@@ -173,7 +205,6 @@ def bench_model(model_name: str, seconds: float) -> ModelResult:
             result.configs[name].median_ms = statistics.median(samples) * 1e3
             result.configs[name].min_ms = min(samples) * 1e3
             result.configs[name].calls = len(samples)
-    _tori_outcome(tori_before, _new_records(seen), result.configs["tori"])
     torch._dynamo.reset()
     return result
 
@@ -190,21 +221,31 @@ def _s(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
+def _n(value: int | None) -> str:
+    return "-" if value is None else str(value)
+
+
+def _tori_ms(m: Measurement) -> str:
+    return "error" if m.error else _ms(m.median_ms) + (" (fallback)" if m.fallback else "")
+
+
 COLUMNS = (
     "model", "eager ms", "inductor ms", "tori ms", "tori speedup vs eager",
     "tori speedup vs inductor", "inductor compile s", "tori compile s", "tori driver",
+    "tori no-passes ms", "passes speedup", "dispatches (passes / none)",
 )
 
 
 def table_rows(results: list[ModelResult]) -> list[tuple[str, ...]]:
     rows = []
     for r in results:
-        eager_m, inductor_m, tori_m = (r.configs[n] for n in ("eager", "inductor", "tori"))
-        tori_ms = _ms(tori_m.median_ms) + (" (fallback)" if tori_m.fallback else "")
+        eager_m, inductor_m, tori_m, bare_m = (r.configs[n] for n in ("eager", "inductor", "tori", "tori-no-passes"))
         rows.append((
             r.model, _ms(eager_m.median_ms), _ms(inductor_m.median_ms) if not inductor_m.error else "error",
-            tori_ms if not tori_m.error else "error", _x(r.ratio("eager", "tori")), _x(r.ratio("inductor", "tori")),
+            _tori_ms(tori_m), _x(r.ratio("eager", "tori")), _x(r.ratio("inductor", "tori")),
             _s(inductor_m.compile_s), _s(tori_m.compile_s), tori_m.driver or "-",
+            _tori_ms(bare_m), _x(r.ratio("tori-no-passes", "tori")),
+            f"{_n(tori_m.dispatches)} / {_n(bare_m.dispatches)}",
         ))
     return rows
 
