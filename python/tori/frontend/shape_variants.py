@@ -1,5 +1,5 @@
-"""Shape specialization of graphs with dynamic shapes: the input sizes a graph sees
-most often get their own static-shape compile, the dynamic module serves the rest.
+"""Shape specialization of graphs with dynamic shapes: input sizes that recur get
+their own static-shape compile, the dynamic module serves the other sizes.
 
 IREE code compiled for dynamic shapes runs much slower than code compiled for fixed
 ones (see docs/performance-notes.md), so with the option `specialize_shapes=N` a graph
