@@ -157,10 +157,11 @@ class ShapeVariants:
         return self.dynamic(args)
 
     def _compile(self, key, args):
-        index = len(self.record.variants)
         sizes = tuple(tuple(args[i].shape) for i in self._tensors) + tuple(args[i] for i in self._scalars)
-        variant_record = GraphRecord(name=f"{self.record.name}_static{index}", kind=self.record.kind, sizes=sizes)
-        self.record.variants.append(variant_record)
+        with self._lock:
+            index = len(self.record.variants)
+            variant_record = GraphRecord(name=f"{self.record.name}_static{index}", kind=self.record.kind, sizes=sizes)
+            self.record.variants.append(variant_record)
         try:
             static_gm = static_graph(self._gm, args)
             compiled = compile_graph(static_gm, self._variant_options(), variant_record, self._static_args)
@@ -173,8 +174,8 @@ class ShapeVariants:
                 self._compiling.discard(key)
                 self._settle()
             return None
-        counters.shape_variants += 1
         with self._lock:
+            counters.shape_variants += 1
             self._variants = {**self._variants, key: compiled}
             self._compiling.discard(key)
             self._counts.pop(key, None)
