@@ -253,11 +253,11 @@ def test_driver_option_pins_the_driver():
 
 def test_dump_dir_writes_every_stage(tmp_path):
     assert_matches_eager(lambda x: x.cos(), torch.randn(4), options={"dump_dir": str(tmp_path)})
-    names = sorted(p.name for p in tmp_path.iterdir())
-    stems = {n.split(".")[1] for n in names}
-    assert stems == {"aten", "torch", "tori", "iree", "vmfb"}
-    mlir = next(p for p in tmp_path.iterdir() if p.name.endswith(".torch.mlir"))
-    assert "torch.aten.cos" in mlir.read_text()
+    (graph_dir,) = tmp_path.iterdir()
+    names = sorted(p.name for p in graph_dir.iterdir())
+    assert names == ["00-dynamo.py", "01-aten.py", "02-torch.mlir", "03-tori.mlir", "04-iree-input.mlir",
+                     "05-iree.sh", "06-vmfb.vmfb", "index.json"]
+    assert "torch.aten.cos" in (graph_dir / "02-torch.mlir").read_text()
 
 
 def test_pipeline_option_runs_mlir_passes_at_the_tori_stage():

@@ -57,8 +57,14 @@ class Options:
     pipeline: str = DEFAULT_PIPELINE
     # Where failing IR and its reproducer command are written.
     repro_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "tori-repro")
-    # When set, every stage of every compiled graph is written here.
+    # When set, every stage of every compiled graph is written here (docs/inspect.md).
     dump_dir: Path | None = None
+    # With dump_dir: also IREE's own phases (iree-compile --dump-compilation-phases-to).
+    dump_iree_phases: bool = False
+    # Dumps and reports elide large constants unless this is set.
+    dump_large_constants: bool = False
+    # When set, an HTML compile report of the graphs compiled with these options is written here.
+    report: Path | None = None
     # iree-compile is killed after this many seconds.
     compile_timeout_s: float = 900.0
     # Graphs with dynamic shapes: at most this many static-shape variants per graph,
@@ -96,8 +102,10 @@ def _coerce(name: str, value: Any) -> Any:
         return _enum_value(Fallback, "fallback", value)
     if name == "driver":
         return _enum_value(Driver, "driver", value)
-    if name in ("repro_dir", "dump_dir"):
+    if name in ("repro_dir", "dump_dir", "report"):
         return None if value is None else Path(value)
+    if name in ("dump_iree_phases", "dump_large_constants"):
+        return _flag(name, value)
     if name == "iree_flags":
         if isinstance(value, str):
             return tuple(value.split())
@@ -135,6 +143,14 @@ def _count(name: str, value: Any, least: int) -> int:
     return value
 
 
+def _flag(name: str, value: Any) -> bool:
+    if isinstance(value, str) and value.strip().lower() in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        return value.strip().lower() in ("1", "true", "yes", "on")
+    if not isinstance(value, bool):
+        raise OptionsError(name, value, ["true", "false"])
+    return value
+
+
 # TORI_* environment variables, each naming one Options field.
 ENVIRONMENT = {
     "TORI_TARGET": "target",
@@ -145,6 +161,9 @@ ENVIRONMENT = {
     "TORI_PIPELINE": "pipeline",
     "TORI_REPRO_DIR": "repro_dir",
     "TORI_DUMP_DIR": "dump_dir",
+    "TORI_DUMP_IREE_PHASES": "dump_iree_phases",
+    "TORI_DUMP_LARGE_CONSTANTS": "dump_large_constants",
+    "TORI_REPORT": "report",
     "TORI_COMPILE_TIMEOUT": "compile_timeout_s",
     "TORI_SPECIALIZE_SHAPES": "specialize_shapes",
     "TORI_SPECIALIZE_AFTER": "specialize_after",

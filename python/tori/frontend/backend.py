@@ -118,7 +118,7 @@ def _aot_compiler(record: CompileRecord, kind: str, constants: list[AssumedConst
     def compile_aot_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]):
         if constants and kind != "backward":
             _use_constants_as_literals(gm, constants)
-        graph = GraphRecord(name=f"{record.name}_{kind}", kind=kind)
+        graph = GraphRecord(name=f"{record.name}_{kind}", kind=kind, dynamo_code=record.dynamo_code)
         record.graphs.append(graph)
         try:
             static_args = _static_inputs(kind)

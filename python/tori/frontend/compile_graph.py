@@ -9,7 +9,6 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import torch.fx
 
@@ -24,6 +23,7 @@ from tori.runtime.compiled_graph import CompiledGraph
 from tori.stages import Stage
 from tori.targets import spec
 from tori.targets.iree_compile import IreeInvocation, compile_flags, run_iree_compile
+from tori.tools.dump import after_compile, current_guards, iree_dump_flags
 
 log = logging.getLogger("tori.compile")
 
@@ -35,53 +35,47 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
     `static_args` are the indices of inputs that are parameters or buffers.
     """
     start = time.perf_counter()
+    inspecting = options.dump_dir is not None or options.report is not None
     record.stages[Stage.ATEN] = gm.code
+    if inspecting:
+        record.guards = current_guards()
     module = None
     invocation = None
     try:
         module, signature = import_graph(gm, graph_name=record.name)
         record.stages[Stage.TORCH] = str(module)
         if options.pipeline:
-            record.passes = [replace(run, ir_after=None) for run in
+            record.passes = [run if inspecting else replace(run, ir_after=None) for run in
                              run_pipeline(module, options.pipeline, graph=record.name)]
             record.stages[Stage.TORI] = str(module)
         else:
             record.stages[Stage.TORI] = record.stages[Stage.TORCH]
         lower_for_iree(module, graph=record.name)
-        invocation = IreeInvocation(tuple(compile_flags(options.target, options.cpu, options.iree_flags)))
+        if inspecting:
+            record.iree_input = str(module)
+        invocation = IreeInvocation(tuple(compile_flags(options.target, options.cpu,
+                                                        options.iree_flags + iree_dump_flags(record, options))))
         record.stages[Stage.IREE] = invocation.shell_command(f"{record.name}.mlirbc", f"{record.name}.vmfb")
         vmfb = run_iree_compile(to_bytecode(module), invocation, graph=record.name, timeout_s=options.compile_timeout_s)
         record.stages[Stage.VMFB] = vmfb
         drivers = spec(options.target).drivers if options.driver is Driver.AUTO else (options.driver.value,)
         compiled = CompiledGraph(record.name, vmfb, signature, drivers, static_args)
+        record.compiled = compiled
     except PassError as error:
-        raise write_repro(error, options.repro_dir, gm=gm, mlir=error.ir_before, pipeline=error.step)
+        record.error = write_repro(error, options.repro_dir, gm=gm, mlir=error.ir_before, pipeline=error.step)
+        raise record.error
     except CompileError as error:
         failing_ir = record.stages[Stage.TORI] if Stage.TORI in record.stages else (
             record.stages[Stage.TORCH] if Stage.TORCH in record.stages else None)
         if error.stage == Stage.IREE.value and module is not None:
             failing_ir = str(module)  # what iree-compile was given: the tori dialect lowered away
-        raise write_repro(error, options.repro_dir, gm=gm, mlir=failing_ir, iree_command=invocation,
-                          pipeline=options.pipeline)
+        record.error = write_repro(error, options.repro_dir, gm=gm, mlir=failing_ir, iree_command=invocation,
+                                   pipeline=options.pipeline)
+        raise record.error
     finally:
         record.compile_seconds = time.perf_counter() - start
-        if options.dump_dir is not None:
-            dump_stages(record, options.dump_dir)
-    record.compiled = compiled
+        if inspecting:
+            after_compile(record, options)
     log.debug("compiled %s (%s) in %.2f s", record.name, record.kind, record.compile_seconds)
     return compiled
 
-
-def dump_stages(record: GraphRecord, dump_dir: Path) -> None:
-    """Write each stage's artifact as <dump_dir>/<graph>.<stage>.<ext>."""
-    suffix = {Stage.DYNAMO: "py", Stage.ATEN: "py", Stage.TORCH: "mlir", Stage.TORI: "mlir", Stage.IREE: "sh", Stage.VMFB: "vmfb"}
-    try:
-        dump_dir.mkdir(parents=True, exist_ok=True)
-        for stage, artifact in record.stages.items():
-            path = dump_dir / f"{record.name}.{stage.value}.{suffix[stage]}"
-            if isinstance(artifact, bytes):
-                path.write_bytes(artifact)
-            else:
-                path.write_text(artifact)
-    except OSError as error:
-        log.warning("could not dump the stages of %s to %s: %s", record.name, dump_dir, error)

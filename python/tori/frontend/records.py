@@ -29,6 +29,11 @@ class GraphRecord:
     # in the order they were compiled; a variant's `sizes` are the input sizes it serves.
     variants: list["GraphRecord"] = field(default_factory=list)
     sizes: tuple | None = None
+    # For dumps and reports: the Dynamo graph's code, its guards as "source: guard"
+    # lines, and the module handed to iree-compile (kept only when dumping or reporting).
+    dynamo_code: str = ""
+    guards: tuple[str, ...] = ()
+    iree_input: str | None = None
 
     @property
     def fell_back(self) -> bool:

@@ -257,10 +257,11 @@ def _manager(step: PassStep) -> PassManager:
         except ValueError as error:
             lines = str(error).strip().splitlines()
             mlir_says = next((line.split("error: ", 1)[1] for line in lines if "error: " in line), lines[0] if lines else "")
+            closest = "" if step.options_text else _closest(step.name)
             raise OptionsError("pass", step.text(), sorted(_REGISTRY), message=(
                 (f"pass {step.name} rejects the options in {step.text()!r}" if step.options_text
                  else f"unknown pass {step.name!r} (in {step.text()!r})")
-                + f": MLIR says: {mlir_says}; "
+                + f": MLIR says: {mlir_says}; " + closest +
                 f"tori's passes: {', '.join(sorted(_REGISTRY))}; any pass MLIR's or Torch-MLIR's "
                 "bindings register also works (e.g. canonicalize, cse, torch-reduce-op-variants)")) from None
     kwargs = registered.bind(step.options)
@@ -272,6 +273,13 @@ def _manager(step: PassStep) -> PassManager:
     manager = PassManager(ROOT)
     manager.add(run, name=step.name, argument=step.name, description=registered.description)
     return manager
+
+
+def _closest(name: str) -> str:
+    from tori.passes.catalog import closest_passes
+
+    close = closest_passes(name)
+    return f"closest registered names: {', '.join(close)}; " if close else ""
 
 
 def validate_pipeline(pipeline: str) -> str:

@@ -1,0 +1,171 @@
+"""Stage dumps: one numbered file per stage of every compiled graph, and an index.
+
+Written when options `dump_dir` (TORI_DUMP_DIR) or `report` are set; large constants
+are elided with MLIR's and IREE's own printing limits unless `dump_large_constants`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+
+from tori.config import Options
+from tori.frontend.records import GraphRecord
+from tori.stages import Stage
+
+log = logging.getLogger("tori.dump")
+
+# Constants with more elements than this print as `dense_resource<__elided__>` / "...".
+ELIDE_ELEMENTS = 16
+# Resource blobs (hex strings) longer than this many characters print elided.
+ELIDE_RESOURCE_CHARS = 64
+INDEX = "index.json"
+PHASES = "iree-phases"
+_SUFFIX = {Stage.DYNAMO: "py", Stage.ATEN: "py", Stage.TORCH: "mlir", Stage.TORI: "mlir",
+           Stage.IREE: "sh", Stage.VMFB: "vmfb"}
+
+
+def current_guards() -> tuple[str, ...]:
+    """The guards Dynamo has collected for the frame being compiled, as "source: kind"
+    lines (shape guards are added by Dynamo after the backend returns)."""
+    import torch._guards
+
+    context = torch._guards.TracingContext.try_get()
+    if context is None or context.guards_context is None:
+        return ()
+    lines = set()
+    for guard in context.guards_context.dynamo_guards:
+        try:
+            lines.add(f"{guard.name or guard.source.name}: {guard.create_fn_name()}")
+        except Exception:  # a guard kind without a printable creator: keep what it says of itself
+            lines.add(str(guard).strip().splitlines()[0])
+    return tuple(sorted(lines))
+
+
+def elided(text: str, keep_large_constants: bool = False) -> str:
+    """MLIR text printed again with MLIR's limits for large elements and resources."""
+    if keep_large_constants or ("dense" not in text and "dialect_resources" not in text):
+        return text
+    from torch_mlir import ir
+
+    from tori.frontend.importer import new_context
+
+    try:
+        module = ir.Module.parse(text, context=new_context())
+    except Exception:  # not MLIR (or not parseable here): shown as it is
+        return text
+    return module.operation.get_asm(large_elements_limit=ELIDE_ELEMENTS,
+                                    large_resource_limit=ELIDE_RESOURCE_CHARS, assume_verified=True)
+
+
+def graph_dir(dump_dir: Path, record: GraphRecord) -> Path:
+    return Path(dump_dir) / record.name
+
+
+def iree_dump_flags(record: GraphRecord, options: Options) -> tuple[str, ...]:
+    """iree-compile flags that dump IREE's own phases, when asked for."""
+    if options.dump_dir is None or not options.dump_iree_phases:
+        return ()
+    flags = (f"--dump-compilation-phases-to={graph_dir(options.dump_dir, record) / PHASES}",)
+    if not options.dump_large_constants:
+        flags += (f"--mlir-elide-elementsattrs-if-larger={ELIDE_ELEMENTS}",
+                  f"--mlir-elide-resource-strings-if-larger={ELIDE_RESOURCE_CHARS}")
+    return flags
+
+
+@lru_cache(maxsize=1)
+def versions() -> dict[str, str]:
+    found = {}
+    for package in ("tori", "torch", "torch-mlir", "iree-base-compiler"):
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            found[package] = "unknown"
+    return found
+
+
+def content_hash(iree_input: str, flags: tuple[str, ...]) -> str:
+    """sha256 of what decides iree-compile's output: its input, its flags (dump flags
+    left out) and the versions of tori, torch, torch-mlir and IREE."""
+    digest = hashlib.sha256(iree_input.encode())
+    for flag in flags:
+        if not flag.startswith(("--dump-compilation-phases-to", "--mlir-elide")):
+            digest.update(b"\0" + flag.encode())
+    digest.update(json.dumps(versions(), sort_keys=True).encode())
+    return digest.hexdigest()
+
+
+def stage_texts(record: GraphRecord, keep_large_constants: bool = False) -> list[tuple[str, str, str]]:
+    """(name, file suffix, text) of every text stage of a graph in pipeline order: the
+    Dynamo graph, ATen, torch, the IR after each pass that changed it, tori, the IREE
+    input and the iree-compile command."""
+    texts: list[tuple[str, str, str]] = []
+    if record.dynamo_code:
+        texts.append(("dynamo", "py", record.dynamo_code))
+    for stage in (Stage.ATEN, Stage.TORCH):
+        if stage in record.stages:
+            texts.append((stage.value, _SUFFIX[stage], elided(record.stages[stage], keep_large_constants)))
+    for number, run in enumerate(record.passes, 1):
+        if run.changed and run.ir_after is not None:
+            texts.append((f"tori.{number:02d}.{run.step.name}", "mlir", elided(run.ir_after, keep_large_constants)))
+    if Stage.TORI in record.stages:
+        texts.append(("tori", "mlir", elided(record.stages[Stage.TORI], keep_large_constants)))
+    if record.iree_input is not None:
+        texts.append(("iree-input", "mlir", elided(record.iree_input, keep_large_constants)))
+    if Stage.IREE in record.stages:
+        texts.append(("iree", "sh", record.stages[Stage.IREE] + "\n"))
+    return texts
+
+
+def dump_graph(record: GraphRecord, options: Options) -> Path:
+    """Write <dump_dir>/<graph>/NN-<stage>.<ext> for each stage and index.json."""
+    directory = graph_dir(options.dump_dir, record)
+    directory.mkdir(parents=True, exist_ok=True)
+    files = []
+    texts = stage_texts(record, options.dump_large_constants)
+    for number, (name, suffix, text) in enumerate(texts):
+        path = directory / f"{number:02d}-{name}.{suffix}"
+        path.write_text(text)
+        files.append({"stage": name, "file": path.name})
+    if Stage.VMFB in record.stages:
+        path = directory / f"{len(texts):02d}-vmfb.vmfb"
+        path.write_bytes(record.stages[Stage.VMFB])
+        files.append({"stage": "vmfb", "file": path.name})
+    flags = tuple(record.stages[Stage.IREE].split()[2:]) if Stage.IREE in record.stages else ()
+    pass_files = {f["stage"]: f["file"] for f in files}
+    index = {
+        "graph": record.name,
+        "kind": record.kind,
+        "compiled": record.compiled is not None,
+        "error": None if record.error is None else record.error.reason,
+        "compile_seconds": round(record.compile_seconds, 4),
+        "guards": list(record.guards),
+        "stages": files,
+        "passes": [{"step": run.step.text(), "seconds": round(run.seconds, 6), "changed": run.changed,
+                    "file": pass_files.get(f"tori.{n:02d}.{run.step.name}")}
+                   for n, run in enumerate(record.passes, 1)],
+        "iree_phases": sorted(p.name for p in (directory / PHASES).glob("*")) if (directory / PHASES).is_dir() else [],
+        # No compile cache exists yet: this is the content hash such a cache would key on.
+        "content_hash": content_hash(record.iree_input, flags) if record.iree_input is not None else None,
+        "content_hash_of": "sha256 of the IREE input, the iree-compile flags and the versions below",
+        "versions": versions(),
+    }
+    (directory / INDEX).write_text(json.dumps(index, indent=2) + "\n")
+    return directory
+
+
+def after_compile(record: GraphRecord, options: Options) -> None:
+    """Dump the graph and rewrite the report, as the options ask; never fails a compile."""
+    try:
+        if options.dump_dir is not None:
+            dump_graph(record, options)
+        if options.report is not None:
+            from tori.tools.report import write_report
+
+            write_report(options.report, options=options)
+    except Exception as error:  # noqa: BLE001 - a dump must not change what compiles
+        log.warning("could not write the dump or report of %s: %s", record.name, error)
