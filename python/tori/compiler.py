@@ -87,6 +87,16 @@ def reset() -> None:
     release_all()
 
 
+def inspect(fn: Callable, *example_inputs: Any, stages=None, target: Target | str | None = None,
+            options: dict[str, Any] | None = None, keep_large_constants: bool = False):
+    """The text of each stage (dynamo, aten, torch, tori, iree) of `fn` on `example_inputs`,
+    as strings, without building an IREE module (docs/inspect.md)."""
+    from tori.tools.inspect_stages import inspect as inspect_stages
+
+    return inspect_stages(fn, *example_inputs, stages=stages, target=target, options=options,
+                          keep_large_constants=keep_large_constants)
+
+
 def list_backends(exclude_tags=("debug", "experimental")) -> list[str]:
     """Dynamo's backends; `tori` is among them through its entry point."""
     return _torch_compiler.list_backends(exclude_tags)

@@ -110,3 +110,7 @@ def through_dynamo(error: ToriError) -> ToriError:
     wrapped.first_useful_frame = None
     wrapped.__cause__ = error.__cause__
     return wrapped
+
+
+class InputError(ToriError, ValueError):
+    """A file given to tori could not be read, e.g. MLIR that does not parse."""
