@@ -25,6 +25,7 @@ demo: $(STAMP)
 	$(PY) -m tori.demo
 
 test: $(STAMP)
+	bash tests/setup/chromium.sh
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: $(STAMP)

@@ -135,7 +135,7 @@ def dump_graph(record: GraphRecord, options: Options) -> Path:
         path = directory / f"{len(texts):02d}-vmfb.vmfb"
         path.write_bytes(record.stages[Stage.VMFB])
         files.append({"stage": "vmfb", "file": path.name})
-    flags = tuple(record.stages[Stage.IREE].split()[2:]) if Stage.IREE in record.stages else ()
+    flags = tuple(record.stages[Stage.IREE].split()[2:-2]) if Stage.IREE in record.stages else ()
     pass_files = {f["stage"]: f["file"] for f in files}
     index = {
         "graph": record.name,

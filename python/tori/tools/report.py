@@ -199,6 +199,7 @@ document.addEventListener("DOMContentLoaded", function () {
     document.querySelectorAll("details.stage, details.diff").forEach(function (d) { d.open = open; });
     toggle.dataset.open = open ? "1" : "0";
   });
+  if (location.hash === "#expand") { toggle.click(); }
   var status = document.getElementById("page-status");
   status.dataset.errors = String(window.__toriErrors.length);
   status.dataset.stages = String(document.querySelectorAll("details.stage").length);
