@@ -29,8 +29,8 @@ def scaled_by_table(x):
     return x + lookup_table().softmax(0) * 2
 
 
-def test_fold_constants_is_the_default_pipeline_and_can_be_emptied():
-    assert Options().pipeline == DEFAULT_PIPELINE == "tori-fold-constants"
+def test_fold_constants_is_in_the_default_pipeline_and_it_can_be_emptied():
+    assert Options().pipeline == DEFAULT_PIPELINE == "tori-fold-constants, tori-specialize-guards"
     assert Options.from_mapping({"pipeline": ""}, base=Options()).pipeline == ""
 
 

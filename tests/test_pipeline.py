@@ -13,7 +13,7 @@ import torch
 import tori
 import tori.passes
 from torch_mlir import ir
-from tori.config import Fallback, Options, from_environment
+from tori.config import DEFAULT_PIPELINE, Fallback, Options, from_environment
 from tori.runtime.compiled_graph import TRIAL_CALLS_PER_DRIVER
 from tori.errors import CompileError, OptionsError, UnsupportedOpError
 from tori.stages import STAGES, Stage
@@ -83,7 +83,7 @@ def test_options_from_environment():
     assert Options.from_mapping({"fallback": "error"}, base=Options()).fallback is Fallback.ERROR
     assert from_environment({"TORI_PIPELINE": ""}).pipeline == ""
     assert from_environment({"TORI_FALLBACK": ""}).fallback is Fallback.EAGER
-    assert from_environment({}).pipeline == "tori-fold-constants"
+    assert from_environment({}).pipeline == DEFAULT_PIPELINE
 
 
 def test_every_stage_is_kept_in_order():

@@ -14,12 +14,14 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from tori.errors import OptionsError
-from tori.targets import Target
+from tori.targets import SPECS, Target
 
 
 # The tori pass pipeline run when options name none; here rather than in tori.passes,
-# which imports MLIR and every pass, so that reading options stays light.
-DEFAULT_PIPELINE = "tori-fold-constants"
+# which imports MLIR and every pass, so that reading options stays light. The fusion
+# passes (tori-fuse-attention, tori-fuse-layer-norm) cut IREE dispatches but were not
+# faster on the CPU benchmarks, so they are opt-in; docs/passes.md has the figures.
+DEFAULT_PIPELINE = "tori-fold-constants, tori-specialize-guards"
 
 
 class Fallback(str, enum.Enum):
@@ -47,6 +49,13 @@ class Options:
     """Everything that changes how tori compiles and runs a graph."""
 
     target: Target = Target.CPU
+    # More targets to compile each graph for beside `target` (one module each); at run
+    # time the inputs' device picks among them (docs/targets.md).
+    targets: tuple[Target, ...] = ()
+    # Device model per GPU target: CUDA SM architecture, Vulkan target environment, ROCm chip.
+    cuda_arch: str = SPECS[Target.CUDA].default_arch
+    vulkan_target: str = SPECS[Target.VULKAN].default_arch
+    rocm_chip: str = SPECS[Target.ROCM].default_arch
     fallback: Fallback = Fallback.EAGER
     driver: Driver = Driver.AUTO
     # LLVM CPU name for llvm-cpu; "host" is resolved to the actual CPU of this machine.
@@ -98,6 +107,9 @@ class Options:
 def _coerce(name: str, value: Any) -> Any:
     if name == "target":
         return _enum_value(Target, "target", value)
+    if name == "targets":
+        values = value.replace(",", " ").split() if isinstance(value, str) else list(value)
+        return tuple(dict.fromkeys(_enum_value(Target, "target", v) for v in values))
     if name == "fallback":
         return _enum_value(Fallback, "fallback", value)
     if name == "driver":
@@ -117,7 +129,7 @@ def _coerce(name: str, value: Any) -> Any:
         return value
     if name in _COUNTS:
         return _count(name, value, _COUNTS[name])
-    if name in ("cpu", "pipeline"):
+    if name in ("cpu", "pipeline", "cuda_arch", "vulkan_target", "rocm_chip"):
         if not isinstance(value, str):
             raise OptionsError(name, value, ["a string"])
         if name == "pipeline":
@@ -154,6 +166,10 @@ def _flag(name: str, value: Any) -> bool:
 # TORI_* environment variables, each naming one Options field.
 ENVIRONMENT = {
     "TORI_TARGET": "target",
+    "TORI_TARGETS": "targets",
+    "TORI_CUDA_ARCH": "cuda_arch",
+    "TORI_VULKAN_TARGET": "vulkan_target",
+    "TORI_ROCM_CHIP": "rocm_chip",
     "TORI_FALLBACK": "fallback",
     "TORI_DRIVER": "driver",
     "TORI_CPU": "cpu",
