@@ -26,6 +26,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	bash tests/setup/chromium.sh
+	bash .ci/vulkan-setup
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: $(STAMP)

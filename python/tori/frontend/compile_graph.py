@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import torch.fx
 
-from tori.config import Driver, Options
+from tori.config import Options
 from tori.errors import CompileError
 from tori.frontend.importer import import_graph, to_bytecode
 from tori.frontend.records import GraphRecord
@@ -20,8 +20,9 @@ from tori.frontend.repro import write_repro
 from tori.passes import PassError, run_pipeline
 from tori.passes.lower_dialect import lower_for_iree
 from tori.runtime.compiled_graph import CompiledGraph
+from tori.runtime.targeted import runtime_graph
 from tori.stages import Stage
-from tori.targets import spec
+from tori.targets.build import OtherTargets, target_arch
 from tori.targets.iree_compile import IreeInvocation, compile_flags, run_iree_compile
 from tori.tools.dump import after_compile, current_guards, iree_dump_flags
 
@@ -53,13 +54,15 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
         lower_for_iree(module, graph=record.name)
         if inspecting:
             record.iree_input = str(module)
-        invocation = IreeInvocation(tuple(compile_flags(options.target, options.cpu,
+        invocation = IreeInvocation(tuple(compile_flags(options.target, target_arch(options, options.target),
                                                         options.iree_flags + iree_dump_flags(record, options))))
         record.stages[Stage.IREE] = invocation.shell_command(f"{record.name}.mlirbc", f"{record.name}.vmfb")
-        vmfb = run_iree_compile(to_bytecode(module), invocation, graph=record.name, timeout_s=options.compile_timeout_s)
+        bytecode = to_bytecode(module)
+        others = OtherTargets(bytecode, options, record.name, record.stages[Stage.TORI])  # compiling meanwhile
+        vmfb = run_iree_compile(bytecode, invocation, graph=record.name, timeout_s=options.compile_timeout_s)
         record.stages[Stage.VMFB] = vmfb
-        drivers = spec(options.target).drivers if options.driver is Driver.AUTO else (options.driver.value,)
-        compiled = CompiledGraph(record.name, vmfb, signature, drivers, static_args)
+        compiled = runtime_graph(record.name, {options.target: vmfb, **others.result()}, signature, options,
+                                 static_args)
         record.compiled = compiled
     except PassError as error:
         record.error = write_repro(error, options.repro_dir, gm=gm, mlir=error.ir_before, pipeline=error.step)
@@ -69,7 +72,8 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
             record.stages[Stage.TORCH] if Stage.TORCH in record.stages else None)
         if error.stage == Stage.IREE.value and module is not None:
             failing_ir = str(module)  # what iree-compile was given: the tori dialect lowered away
-        record.error = write_repro(error, options.repro_dir, gm=gm, mlir=failing_ir, iree_command=invocation,
+        record.error = write_repro(error, options.repro_dir, gm=gm, mlir=failing_ir,
+                                   iree_command=getattr(error, "invocation", invocation),
                                    pipeline=options.pipeline)
         raise record.error
     finally:

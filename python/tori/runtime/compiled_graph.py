@@ -17,10 +17,14 @@ from torch.utils.dlpack import to_dlpack
 
 from tori.errors import ToriRuntimeError
 from tori.frontend.signature import ArgKind, GraphSignature
+from tori.runtime import transfer
 from tori.runtime.module import LoadedModule
 from tori.stats import counters
+from tori.targets import Target
 
 _DL_CPU = 1  # DLPack device type code of host memory
+# DLPack device type codes of the GPU targets whose devices exchange tensors with torch.
+_DL_DEVICE = {Target.CUDA: 2, Target.ROCM: 10}
 _IREE_HEAP_ALIGNMENT = 64  # bytes; IREE refuses to import host memory aligned less
 
 # Calls spent timing each driver when the driver is chosen by measurement, taken
@@ -40,8 +44,14 @@ class CompiledGraph:
     """A vmfb plus the signature that maps Python values onto its `main` function."""
 
     def __init__(self, name: str, vmfb: bytes, signature: GraphSignature, drivers: tuple[str, ...],
-                 static_args: frozenset[int] = frozenset()):
+                 static_args: frozenset[int] = frozenset(), *, target: Target = Target.CPU,
+                 device_index: int | None = None):
         self.name = name
+        self.target = target
+        # Vulkan reads no torch memory in place: inputs and results are copied (runtime/transfer.py).
+        self._staged = target is Target.VULKAN
+        self._dl_device = (_DL_DEVICE[target], device_index or 0) if target in _DL_DEVICE else (_DL_CPU, 0)
+        self._device_index = device_index
         self.signature = signature
         # Per argument: how it is passed, and for parameters and buffers (static_args)
         # a slot caching the imported buffer of the tensor last seen there.
@@ -53,7 +63,7 @@ class CompiledGraph:
         self._results = tuple((r.index, r.value, r.dtype) for r in signature.results)
         self._num_results = signature.num_iree_results
         self._vmfb = vmfb
-        self._modules = {d: LoadedModule(vmfb, d) for d in drivers}
+        self._modules = {d: LoadedModule(vmfb, d, device_index=device_index) for d in drivers}
         if len(drivers) == 1:
             self.driver_choice = DriverChoice(drivers[0], "set by the 'driver' option")
             self._active = self._modules[drivers[0]]
@@ -122,6 +132,11 @@ class CompiledGraph:
         return buffer, address
 
     def _run(self, module: LoadedModule, args):
+        if self._staged:
+            return self._run_staged(module, args)
+        if self._dl_device[0] != _DL_CPU:
+            # IREE's queue does not wait for work torch queued on its own stream.
+            torch.cuda.current_stream(self._dl_device[1]).synchronize()
         packed = rt.VmVariantList(len(args))
         import_tensor = module.device.from_dlpack_capsule
         # Addresses of the host memory IREE reads in place. IREE hands back an
@@ -157,7 +172,7 @@ class CompiledGraph:
             elif dtype is None:
                 outputs.append(results.get_variant(index))
             else:
-                tensor = torch.from_dlpack(export_tensor(results.get_as_object(index, rt.HalBufferView), _DL_CPU, 0))
+                tensor = torch.from_dlpack(export_tensor(results.get_as_object(index, rt.HalBufferView), *self._dl_device))
                 address = tensor.data_ptr()
                 if address in taken:
                     tensor = tensor.clone()
@@ -166,6 +181,38 @@ class CompiledGraph:
                 if tensor.dtype is not dtype:
                     tensor = _as_dtype(tensor, dtype)
                 outputs.append(tensor)
+        return outputs
+
+    def _run_staged(self, module: LoadedModule, args):
+        device = module.device
+        packed = rt.VmVariantList(len(args))
+        for i, (kind, value) in enumerate(zip(self._arg_kinds, args)):
+            if kind is ArgKind.TENSOR:
+                packed.push_ref(transfer.upload(device, value))
+            elif kind is ArgKind.STATIC_TENSOR:
+                # Parameters are copied to the device once, again only when they change.
+                slot = self._static_slots[i]
+                if slot is None or slot[0] is not value or slot[1] != value._version or slot[2] != value.data_ptr() \
+                        or slot[3] is not device:
+                    slot = (value, value._version, value.data_ptr(), device, transfer.upload(device, value), None)
+                    self._static_slots[i] = slot
+                packed.push_ref(slot[4])
+            elif kind is ArgKind.INT:
+                packed.push_int(int(value))
+            else:
+                packed.push_float(float(value))
+        try:
+            results = module.invoke(packed, self._num_results)
+        except (ValueError, RuntimeError, IndexError) as error:
+            raise ToriRuntimeError(f"compiled graph '{self.name}' failed on IREE's {module.driver} driver: {error}") from error
+        outputs = []
+        for index, value, dtype in self._results:
+            if index is None:
+                outputs.append(value)
+            elif dtype is None:
+                outputs.append(results.get_variant(index))
+            else:
+                outputs.append(transfer.download(device, results.get_as_object(index, rt.HalBufferView), dtype))
         return outputs
 
 

@@ -13,9 +13,9 @@ class LoadedModule:
 
     __slots__ = ("driver", "device", "_context", "_function", "_vm_module")
 
-    def __init__(self, vmfb: bytes, driver: str, function: str = "main"):
+    def __init__(self, vmfb: bytes, driver: str, function: str = "main", device_index: int | None = None):
         self.driver = driver
-        self.device = device(driver)
+        self.device = device(driver, device_index)
         instance = vm_instance()
         try:
             hal = rt.create_hal_module(instance, self.device)

@@ -1,4 +1,6 @@
-"""IREE targets: which HAL device a module is compiled for and the flags that say so."""
+"""IREE targets: which HAL device a module is compiled for, the flags that say so,
+and which runtime drivers can run the result. One table, `SPECS`, holds them all.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +10,9 @@ from dataclasses import dataclass
 
 class Target(str, enum.Enum):
     CPU = "cpu"
+    CUDA = "cuda"
+    VULKAN = "vulkan"
+    ROCM = "rocm"
 
     def __str__(self) -> str:
         return self.value
@@ -15,23 +20,67 @@ class Target(str, enum.Enum):
 
 @dataclass(frozen=True)
 class TargetSpec:
-    """How to compile for a target and which runtime drivers can run the result."""
+    """How to compile for a target and which runtime drivers can run the result.
+
+    `arch_option` names the tori option that picks the device model (an LLVM CPU
+    name, a CUDA SM architecture, a Vulkan target environment, a ROCm chip);
+    `arch_flag` is the iree-compile flag it becomes.
+    """
 
     target: Target
-    hal_device: str
-    drivers: tuple[str, ...]
+    hal_device: str          # --iree-hal-target-device
+    backend: str             # IREE's compiler target backend (--iree-hal-list-target-backends)
+    drivers: tuple[str, ...]  # IREE runtime drivers, the preferred first
+    arch_option: str
+    arch_flag: str
+    default_arch: str
+    executable_format: str   # prefix of the executable format IREE writes into the vmfb
+    host_memory: bool        # the device reads and writes host memory in place (torch CPU tensors)
+    # Whether float64 is kept. Where not, float64 is demoted to float32 and results are
+    # converted back: Vulkan's portable baseline has no float64, and IREE 3.13's CUDA
+    # codegen fails ("failed to distribute") on float64 scalars in attention.
+    float64: bool = True
 
-    def compile_flags(self, cpu: str) -> list[str]:
+    def compile_flags(self, arch: str | None = None) -> list[str]:
+        arch = arch or self.default_arch
+        if self.target is Target.CUDA:
+            from tori.targets import cuda
+
+            return cuda.compile_flags(arch)
         flags = [f"--iree-hal-target-device={self.hal_device}"]
         if self.target is Target.CPU:
-            flags.append(f"--iree-llvmcpu-target-cpu={cpu}")
+            flags.append(f"--iree-hal-local-target-device-backends={self.backend}")
+        if arch:
+            flags.append(f"{self.arch_flag}={arch}")
         return flags
 
 
 SPECS: dict[Target, TargetSpec] = {
-    Target.CPU: TargetSpec(Target.CPU, hal_device="local", drivers=("local-sync", "local-task")),
+    Target.CPU: TargetSpec(
+        Target.CPU, hal_device="local", backend="llvm-cpu", drivers=("local-sync", "local-task"),
+        arch_option="cpu", arch_flag="--iree-llvmcpu-target-cpu", default_arch="host",
+        executable_format="embedded-elf", host_memory=True),
+    Target.CUDA: TargetSpec(
+        # sm_80 PTX: the CUDA driver JIT-compiles it for any newer GPU (docs/targets.md).
+        Target.CUDA, hal_device="cuda", backend="cuda", drivers=("cuda",),
+        arch_option="cuda_arch", arch_flag="--iree-cuda-target", default_arch="sm_80",
+        executable_format="cuda-nvptx-fb", host_memory=False, float64=False),
+    Target.VULKAN: TargetSpec(
+        # IREE's most portable SPIR-V environment: runs on any Vulkan 1.1 device, lavapipe included.
+        Target.VULKAN, hal_device="vulkan", backend="vulkan-spirv", drivers=("vulkan",),
+        arch_option="vulkan_target", arch_flag="--iree-vulkan-target", default_arch="vp_android_baseline_2022",
+        executable_format="vulkan-spirv-fb", host_memory=False, float64=False),
+    Target.ROCM: TargetSpec(
+        Target.ROCM, hal_device="hip", backend="rocm", drivers=("hip",),
+        arch_option="rocm_chip", arch_flag="--iree-rocm-target", default_arch="gfx942",
+        executable_format="rocm-hsaco-fb", host_memory=False),
 }
 
 
 def spec(target: Target) -> TargetSpec:
     return SPECS[target]
+
+
+def arch_options() -> dict[str, Target]:
+    """The per-target option names (`cuda_arch`, ...) and the target each applies to."""
+    return {s.arch_option: t for t, s in SPECS.items()}

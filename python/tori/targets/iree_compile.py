@@ -17,7 +17,7 @@ from tori.stages import Stage
 from tori.targets import Target, spec
 
 # Flags every compilation gets: torch input, and float64 kept as float64 so results
-# have eager's dtype.
+# have eager's dtype (unless the target's device has no float64: see TargetSpec.float64).
 BASE_FLAGS = ("--iree-input-type=torch", "--iree-input-demote-f64-to-f32=false")
 
 
@@ -28,12 +28,20 @@ def iree_compile_tool() -> str:
     return find_tool("iree-compile")
 
 
-def compile_flags(target: Target, cpu: str, extra: tuple[str, ...] = ()) -> list[str]:
-    flags = list(BASE_FLAGS) + spec(target).compile_flags(cpu)
-    if target is Target.CPU:
-        flags.append("--iree-hal-local-target-device-backends=llvm-cpu")
-    flags.extend(extra)
-    return flags
+def compile_flags(target: Target, arch: str | None = None, extra: tuple[str, ...] = ()) -> list[str]:
+    """Every iree-compile flag for `target`; `arch` is its device model (the `cpu`,
+    `cuda_arch`, `vulkan_target` or `rocm_chip` option), the table's default when None."""
+    base = list(BASE_FLAGS) if spec(target).float64 else [BASE_FLAGS[0], "--iree-input-demote-f64-to-f32=true"]
+    return base + spec(target).compile_flags(arch) + list(extra)
+
+
+@lru_cache(maxsize=1)
+def compiled_in_backends() -> tuple[str, ...]:
+    """The target backends this build of iree-compile has (`--iree-hal-list-target-backends`)."""
+    done = subprocess.run([iree_compile_tool(), "--iree-hal-list-target-backends"], capture_output=True, text=True,
+                          timeout=60)
+    lines = done.stdout.splitlines()
+    return tuple(line.strip() for line in lines[1:] if line.strip()) if done.returncode == 0 else ()
 
 
 @dataclass(frozen=True)
