@@ -3,6 +3,8 @@
     tori opt FILE.mlir --pipeline '...'        run a pass pipeline over a file, like mlir-opt
     tori explore MODULE:FACTORY --pipeline A --pipeline B    A/B pipelines on one model
     tori report MODULE:FACTORY -o report.html  the HTML compile report of one model
+    tori export MODULE:FACTORY -o out/ --target cpu,vulkan   an artifact folder (docs/export.md)
+    tori run out/ --input x.npy                run an artifact with IREE's runtime and numpy
 
 A subcommand is one function decorated with `@subcommand(...)`; library code logs,
 only this module prints.
@@ -201,6 +203,120 @@ def report_command(model: str, output: Path, pipeline: str | None, iree_flags: s
     for found in facts.graph_breaks:
         click.echo(f"  graph break at {found.where}: {found.reason.splitlines()[0]}")
     click.echo(f"  output vs eager: {'matches' if facts.correct else 'DIFFERS'} (max error {facts.max_error:.1e})")
+
+
+
+# ---------------------------------------------------------------------------
+# tori export / tori run
+
+
+def _args_spec(specs: tuple[str, ...], inputs: tuple) -> tuple | None:
+    """torch.export dynamic_shapes from one --args-spec per input: its dims, comma-separated,
+    each a size (static, as in the example input) or NAME[:MIN..MAX] (dynamic)."""
+    import torch
+
+    if not specs:
+        return None
+    if len(specs) != len(inputs):
+        raise click.BadParameter(f"{len(specs)} spec(s) for {len(inputs)} example input(s)", param_hint="--args-spec")
+    dims: dict[str, Any] = {}
+    shapes = []
+    for index, (text, example) in enumerate(zip(specs, inputs)):
+        items = [item.strip() for item in text.split(",")]
+        if len(items) != example.dim():
+            raise click.BadParameter(f"input {index}: {len(items)} dim(s) in {text!r}, the example input has "
+                                     f"shape {list(example.shape)}", param_hint="--args-spec")
+        shape = {}
+        for axis, item in enumerate(items):
+            if item.isdigit():
+                if int(item) != example.shape[axis]:
+                    raise click.BadParameter(f"input {index} dim {axis} is {example.shape[axis]} in the example, "
+                                             f"not {item}", param_hint="--args-spec")
+                continue
+            label, _, bounds = item.partition(":")
+            low, _, high = bounds.partition("..")
+            if label not in dims:
+                dims[label] = torch.export.Dim(label, min=int(low) if low else 0, max=int(high) if high else None) \
+                    if high else torch.export.Dim(label, min=int(low) if low else 0)
+            shape[axis] = dims[label]
+        shapes.append(shape or None)
+    return tuple(shapes)
+
+
+@subcommand("export")
+@click.argument("model")
+@click.option("-o", "--output", type=click.Path(path_type=Path), required=True, help="Artifact folder to write.")
+@click.option("--target", "targets", default="cpu", show_default=True, help="Targets, comma-separated (cpu,vulkan).")
+@click.option("--args-spec", "args_spec", multiple=True,
+              help="Dims of one input (repeat per input): sizes or NAME[:MIN..MAX], e.g. 'batch:1..64,256'.")
+@click.option("--external-weights", is_flag=True, help="Weights in parameters.irpa, loaded at run time.")
+@click.option("--c-embed", is_flag=True, help="Also write C sources embedding each module (iree-c-embed-data).")
+@click.option("--pipeline", "-p", default=None, help="tori pipeline (default: the configured one).")
+@click.option("--option", "extra", multiple=True, help="Any other tori option, KEY=VALUE.")
+def export_command(model: str, output: Path, targets: str, args_spec: tuple[str, ...], external_weights: bool,
+                   c_embed: bool, pipeline: str | None, extra: tuple[str, ...]) -> None:
+    """Export MODEL (MODULE:FACTORY returning (model, inputs)) to an artifact folder (docs/export.md)."""
+    from tori.aot.export import export
+    from tori.runtime.artifact import read_manifest
+    from tori.tools.loading import load_model
+
+    options = _options(None, extra)
+    if pipeline is not None:
+        options["pipeline"] = pipeline
+    module, inputs = load_model(model)
+    path = export(module, inputs, dynamic_shapes=_args_spec(args_spec, inputs), targets=targets, output_dir=output,
+                  external_weights=external_weights, options=options, c_embed=c_embed)
+    manifest = read_manifest(path)
+    click.echo(f"wrote {path}")
+    for name, info in manifest["files"].items():
+        click.echo(f"  {name}  {info['bytes']} bytes")
+    for name, entry in manifest["entry_points"].items():
+        inputs_text = ", ".join(f"{i['name']}: {i['dtype']}{i['shape']}" for i in entry["inputs"])
+        outputs_text = ", ".join(f"{o['dtype']}{o['shape']}" for o in entry["outputs"])
+        click.echo(f"  {name}({inputs_text}) -> {outputs_text}  [{entry['tracer']}]")
+
+
+@subcommand("run")
+@click.argument("artifact", type=click.Path(path_type=Path))
+@click.option("--input", "-i", "inputs", multiple=True, type=click.Path(path_type=Path), help="An input .npy (in order).")
+@click.option("--entry", default=None, help="Entry point (default: the only one, or forward).")
+@click.option("--device", default="cpu", show_default=True, help="A target of the artifact or an IREE driver.")
+@click.option("--examples", is_flag=True, help="Run on the example inputs saved at export; compare with eager's outputs.")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None, help="Write outputs as .npy files here.")
+def run_command(artifact: Path, inputs: tuple[Path, ...], entry: str | None, device: str, examples: bool,
+                output: Path | None) -> None:
+    """Run an exported ARTIFACT folder on .npy inputs; print the outputs or write .npy files.
+    Needs only IREE's runtime and numpy."""
+    import numpy as np
+
+    from tori.runtime.artifact import load
+
+    loaded = load(artifact, device=device)
+    names = list(loaded.entry_points)
+    entry = entry or (names[0] if len(names) == 1 else "forward")
+    function = loaded[entry]
+    if examples:
+        files = function.spec.get("examples") or {}
+        if not files:
+            raise click.UsageError(f"the artifact has no examples for '{entry}' (exported with examples=False)")
+        inputs = tuple(artifact / f for f in files["inputs"])
+    values = [np.load(path) for path in inputs]
+    results = function(*values)
+    results = results if isinstance(results, tuple) else (results,)
+    worst = 0.0
+    for index, (name, value) in enumerate(zip(function.output_names, results)):
+        if output is not None:
+            output.mkdir(parents=True, exist_ok=True)
+            np.save(output / f"{name}.npy", value)
+            click.echo(f"{name}: {value.dtype}{list(value.shape)} -> {output / f'{name}.npy'}")
+        else:
+            click.echo(f"{name}: {value.dtype}{list(value.shape)}")
+            click.echo(np.array2string(value, threshold=64))
+        if examples:
+            expected = np.load(artifact / files["outputs"][index])
+            worst = max(worst, float(np.max(np.abs(value.astype(np.float64) - expected))) if value.size else 0.0)
+    if examples:
+        click.echo(f"max abs difference vs eager (saved at export): {worst:.3e}")
 
 
 if __name__ == "__main__":

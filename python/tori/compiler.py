@@ -22,7 +22,6 @@ from torch.compiler import (  # noqa: F401  (re-exported unchanged: see the modu
     get_default_backend,
     is_compiling,
     is_dynamo_compiling,
-    is_exporting,
     keep_portable_guards_unsafe,
     keep_tensor_guards_unsafe,
     load_cache_artifacts,
@@ -95,6 +94,16 @@ def inspect(fn: Callable, *example_inputs: Any, stages=None, target: Target | st
 
     return inspect_stages(fn, *example_inputs, stages=stages, target=target, options=options,
                           keep_large_constants=keep_large_constants)
+
+
+# tori.export calls under way (tori/aot/export.py sets it around tracing and the eager reference run).
+_exports_in_progress = 0
+
+
+def is_exporting() -> bool:
+    """True while torch.export traces, and throughout `tori.export` (its eager reference
+    run included, so that a model branching on it runs the same code in both)."""
+    return _exports_in_progress > 0 or _torch_compiler.is_exporting()
 
 
 def list_backends(exclude_tags=("debug", "experimental")) -> list[str]:

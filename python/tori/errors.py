@@ -114,3 +114,18 @@ def through_dynamo(error: ToriError) -> ToriError:
 
 class InputError(ToriError, ValueError):
     """A file given to tori could not be read, e.g. MLIR that does not parse."""
+
+
+class ArtifactError(ToriError, ValueError):
+    """An exported artifact is missing, damaged, of a newer format, or was given
+    inputs its manifest does not allow; names the file and the manifest field."""
+
+    def __init__(self, message: str, *, path: object = None, field: str | None = None):
+        self.path = path
+        self.field = field
+        where = []
+        if path is not None:
+            where.append(str(path))
+        if field:
+            where.append(f"field '{field}'")
+        super().__init__(f"{': '.join([', '.join(where), message]) if where else message}")

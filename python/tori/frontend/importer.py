@@ -13,7 +13,7 @@ import torch
 import torch.fx
 from torch_mlir import ir
 from torch_mlir.dialects import torch as torch_d
-from torch_mlir.extras.fx_importer import FxImporter
+from torch_mlir.extras.fx_importer import FxImporter, FxImporterHooks
 
 from tori.dialects import tori as tori_dialect
 from tori.errors import CompileError, UnsupportedOpError
@@ -110,16 +110,28 @@ def _failing_op(graph: torch.fx.Graph, error: Exception) -> str | None:
     return None
 
 
-def import_graph(gm: torch.fx.GraphModule, *, graph_name: str) -> tuple[ir.Module, GraphSignature]:
-    """Import a functional ATen graph as `func.func @main` in a fresh MLIR context."""
+def new_importer(hooks: FxImporterHooks | None = None) -> FxImporter:
+    """An FxImporter with tori's node importer in a fresh context. `hooks` may build ops
+    of IREE's dialects (util.global for parameters), which torch-mlir does not register:
+    the context then allows unregistered dialects."""
+    context = new_context()
+    if hooks is not None:
+        context.allow_unregistered_dialects = True
+    return FxImporter(context=context, hooks=hooks, graph_node_importer_cls=_NodeImporter)
+
+
+def import_graph(gm: torch.fx.GraphModule, *, graph_name: str, importer: FxImporter | None = None,
+                 func_name: str = FUNC_NAME) -> tuple[ir.Module, GraphSignature]:
+    """Import a functional ATen graph as `func.func @main` in a fresh MLIR context, or as
+    `func_name` into `importer`'s module (several functions in one module)."""
     signature, computed = split_outputs(gm.graph)
     owner = _computed_graph(gm, computed)
     _copy_subgraphs(owner, {})
     graph = owner.graph
     _expand_sym_sums(graph)
-    importer = FxImporter(context=new_context(), graph_node_importer_cls=_NodeImporter)
+    importer = importer or new_importer()
     try:
-        importer.import_stateless_graph(graph, func_name=FUNC_NAME)
+        importer.import_stateless_graph(graph, func_name=func_name)
     except NotImplementedError as error:
         raise UnsupportedOpError(
             f"Torch-MLIR's FxImporter cannot import it: {error}",
@@ -131,7 +143,7 @@ def import_graph(gm: torch.fx.GraphModule, *, graph_name: str) -> tuple[ir.Modul
             stage=Stage.TORCH.value, graph=graph_name, op=_failing_op(graph, error),
         ) from error
     module = importer.module
-    insert_facts(module, graph_facts(graph), FUNC_NAME)
+    insert_facts(module, graph_facts(graph), func_name)
     if not module.operation.verify():
         raise CompileError("the imported torch-dialect module does not verify", stage=Stage.TORCH.value, graph=graph_name)
     return module, signature

@@ -1,0 +1,370 @@
+"""`tori.export`: a model's entry points traced by torch.export, through tori's
+pipeline, into one IREE module per target, written as an artifact folder
+(docs/export.md): .vmfb files, manifest.json, and optionally a parameter archive,
+example inputs with eager outputs, and C sources embedding each module.
+
+The folder is written under a temporary sibling name and renamed when complete.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import datetime
+import importlib.metadata
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+
+import tori.compiler
+from tori.config import Options
+from tori.errors import CompileError, OptionsError
+from tori.frontend.constant_origins import ORIGIN, AssumedConstant
+from tori.frontend.decompositions import decomposition_table
+from tori.frontend.importer import import_graph, new_importer, to_bytecode
+from tori.passes import run_pipeline
+from tori.passes.lower_dialect import lower_for_iree
+from tori.runtime import artifact as fmt
+from tori.stages import Stage
+from tori.targets import Target, spec
+from tori.targets.build import check_compiled_in, invocation
+from tori.targets.iree_compile import run_iree_compile
+from tori.aot.parameters import ExternalParameters, dtype_name
+from tori.aot.trace import Traced, check_functional, trace
+
+log = logging.getLogger("tori.export")
+
+
+@dataclass(frozen=True)
+class EntryPoint:
+    """One function of an exported module: `method` of the model (a method name, or any
+    callable), called with `args` and `kwargs`, with torch.export's `dynamic_shapes`."""
+
+    method: str | Callable = "forward"
+    args: tuple = ()
+    kwargs: Mapping[str, Any] | None = None
+    dynamic_shapes: Any = None
+
+    @classmethod
+    def of(cls, value: Any) -> "EntryPoint":
+        """An EntryPoint from itself, or a tuple (method, args[, kwargs[, dynamic_shapes]])."""
+        if isinstance(value, EntryPoint):
+            return value
+        if isinstance(value, tuple) and 2 <= len(value) <= 4:
+            method, args, *rest = value
+            return cls(method, tuple(args) if isinstance(args, (list, tuple)) else (args,), *rest)
+        raise OptionsError("entry point", type(value).__name__,
+                           ["tori.EntryPoint(method, args, kwargs, dynamic_shapes)", "(method, args)"])
+
+
+_exports_lock = __import__("threading").Lock()
+
+
+@contextlib.contextmanager
+def _exporting():
+    """tori.compiler.is_exporting() is true for the whole of tori.export, the eager reference run included."""
+    with _exports_lock:
+        tori.compiler._exports_in_progress += 1
+    try:
+        yield
+    finally:
+        with _exports_lock:
+            tori.compiler._exports_in_progress -= 1
+
+
+def export(model: Any, args: tuple | None = None, kwargs: Mapping[str, Any] | None = None, *,
+           dynamic_shapes: Any = None, targets: tuple[Target | str, ...] | str = ("cpu",),
+           output_dir: str | os.PathLike, external_weights: bool = False,
+           entry_points: Mapping[str, Any] | None = None, options: Mapping[str, Any] | None = None,
+           examples: bool = True, c_embed: bool = False, name: str | None = None) -> Path:
+    """Export `model` ahead of time and write an artifact folder at `output_dir`.
+
+    With `args`, the one entry point is `forward` (or the callable `model`); with
+    `entry_points` ({name: EntryPoint or (method, args)}), one module exports each.
+    `external_weights` puts parameters and buffers into `parameters.irpa`, loaded at
+    run time. `examples` keeps the example inputs and eager outputs (.npy) in the
+    artifact; `c_embed` writes C sources embedding each module (iree-c-embed-data).
+    `options` are tori options (pipeline, cpu, vulkan_target, iree_flags, ...).
+    Returns the artifact's path.
+    """
+    opts = Options.from_mapping(dict(options or {}))
+    target_list = _targets(targets)
+    check_compiled_in(target_list)
+    entries = _entry_points(model, args, kwargs, dynamic_shapes, entry_points)
+    output_dir = Path(output_dir)
+    name = name or output_dir.name
+    with _exporting():
+        traced = {entry: trace(model, point.method, point.args, point.kwargs, point.dynamic_shapes, name=entry)
+                  for entry, point in entries.items()}
+    hooks = ExternalParameters() if external_weights else None
+    importer = new_importer(hooks)
+    specs: dict[str, dict] = {}
+    symbols: dict[str, dict] = {}
+    for entry, found in traced.items():
+        program = found.program.run_decompositions(decomposition_table())
+        check_functional(program, name=entry)  # in-place updates show once decomposed
+        gm = _stateless(program, found, hooks)
+        import_graph(gm, graph_name=entry, importer=importer, func_name=_function_name(entry))
+        specs[entry] = _entry_spec(entry, program, found, entries[entry], symbols)
+    module = importer.module
+    if opts.pipeline:
+        run_pipeline(module, opts.pipeline, graph=name)
+    lower_for_iree(module, graph=name)
+    # Text when IREE's own ops are in it (parameters): their attributes parse only in IREE's context.
+    source = str(module).encode() if hooks is not None else to_bytecode(module)
+    vmfbs = _compile(source, opts, target_list, name)
+    return _write(output_dir, name=name, opts=opts, vmfbs=vmfbs, specs=specs, symbols=symbols, traced=traced,
+                  entries=entries, parameters=hooks.tensors if hooks is not None else None, examples=examples,
+                  c_embed=c_embed)
+
+
+def _targets(targets: Any) -> tuple[Target, ...]:
+    values = targets.replace(",", " ").split() if isinstance(targets, str) else list(targets)
+    if not values:
+        raise OptionsError("target", "(none)", [t.value for t in Target], hint="export needs at least one target")
+    return tuple(dict.fromkeys(Options.from_mapping({"target": v}).target for v in values))
+
+
+def _entry_points(model, args, kwargs, dynamic_shapes, entry_points) -> dict[str, EntryPoint]:
+    if entry_points:
+        if args is not None:
+            raise OptionsError("export arguments", "args and entry_points", ["one of them"],
+                               hint="give the arguments of each entry point in entry_points")
+        found = {str(entry): EntryPoint.of(value) for entry, value in entry_points.items()}
+    elif args is not None:
+        found = {"forward": EntryPoint("forward", tuple(args) if isinstance(args, (list, tuple)) else (args,),
+                                       kwargs, dynamic_shapes)}
+        if not isinstance(model, torch.nn.Module):
+            found["forward"] = EntryPoint(model, found["forward"].args, kwargs, dynamic_shapes)
+    else:
+        raise OptionsError("export arguments", "none", ["args", "entry_points"])
+    for entry in found:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", entry):
+            raise OptionsError("entry point name", entry, ["a C identifier, e.g. forward or decode_step"])
+    return found
+
+
+def _function_name(entry: str) -> str:
+    return entry
+
+
+def _stateless(program: torch.export.ExportedProgram, found: Traced, hooks: ExternalParameters | None):
+    """The program's graph with parameters, buffers and constants read from attributes
+    (imported as literals, or as parameter loads by `hooks`), user inputs as placeholders."""
+    gm = program.graph_module
+    signature = program.graph_signature
+    state = {**program.state_dict, **program.constants}
+    lifted = {**signature.inputs_to_parameters, **signature.inputs_to_buffers,
+              **signature.inputs_to_lifted_tensor_constants}
+    weights = set(signature.inputs_to_parameters) | set(signature.inputs_to_buffers)
+    for index, node in enumerate(list(gm.graph.find_nodes(op="placeholder"))):
+        if node.name not in lifted:
+            continue
+        target = lifted[node.name]
+        value = state[target]
+        if isinstance(value, torch.nn.Parameter):
+            value = value.detach()
+        attribute = f"_tori_state_{index}"
+        gm.register_buffer(attribute, value)
+        if hooks is not None and node.name in weights:
+            hooks.add(value, target.removeprefix(found.prefix))
+        with gm.graph.inserting_before(node):
+            literal = gm.graph.get_attr(attribute)
+        literal.meta = dict(node.meta)
+        origin = found.constants.get(id(state[target]))
+        if origin is not None:
+            literal.meta[ORIGIN] = AssumedConstant(value, origin.qualified, "")
+        node.replace_all_uses_with(literal)
+        gm.graph.erase_node(node)
+    gm.recompile()
+    return gm
+
+
+def _dim(size: Any, names: dict[str, str]) -> int | str:
+    if isinstance(size, int):
+        return size
+    text = str(size)
+    return names.get(text, text)
+
+
+def _user_dim_names(program: torch.export.ExportedProgram, point: EntryPoint) -> dict[str, str]:
+    """Symbol (s0) -> the name of the torch.export.Dim the user gave it, where the
+    dynamic_shapes spec is positional and its dims are Dim objects."""
+    names: dict[str, str] = {}
+    spec_ = point.dynamic_shapes
+    if spec_ is None:
+        return names
+    if isinstance(spec_, dict):
+        spec_ = tuple(spec_.values())
+    inputs = [n for n in program.graph.find_nodes(op="placeholder") if n.name in program.graph_signature.user_inputs]
+    for node, dims in zip(inputs, spec_):
+        if dims is None or not isinstance(node.meta.get("val"), torch.Tensor):
+            continue
+        items = dims.items() if isinstance(dims, dict) else enumerate(dims)
+        for axis, dim in items:
+            size = node.meta["val"].shape[axis]
+            label = getattr(dim, "__name__", None)
+            if label and not isinstance(size, int):
+                names.setdefault(str(size), label)
+    return names
+
+
+def _entry_spec(entry: str, program: torch.export.ExportedProgram, found: Traced, point: EntryPoint,
+                symbols: dict[str, dict]) -> dict:
+    names = _user_dim_names(program, point)
+    for symbol, bounds in program.range_constraints.items():
+        label = names.get(str(symbol), str(symbol))
+        low, high = bounds.lower, bounds.upper
+        symbols[label] = {"min": int(low) if low.is_finite else None, "max": int(high) if high.is_finite else None}
+    signature = program.graph_signature
+    inputs = []
+    for node in program.graph.find_nodes(op="placeholder"):
+        if node.name not in signature.user_inputs:
+            continue
+        value = node.meta.get("val")
+        if not isinstance(value, torch.Tensor):
+            raise CompileError(f"input '{node.name}' is a {type(value).__name__}; exported entry points take tensors",
+                               stage=Stage.ATEN.value, graph=entry)
+        inputs.append({"name": node.name, "dtype": dtype_name(value.dtype),
+                       "shape": [_dim(s, names) for s in value.shape]})
+    leaves = pytree.tree_flatten_with_path(found.eager_outputs)[0]
+    outputs = []
+    output_node = next(iter(program.graph.find_nodes(op="output")))
+    output_values = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in output_node.args[0]]
+    for index, ((path, eager), value) in enumerate(zip(leaves, output_values)):
+        if not isinstance(eager, torch.Tensor) or not isinstance(value, torch.Tensor):
+            raise CompileError(f"output {index} is a {type(eager).__name__}; exported entry points return tensors",
+                               stage=Stage.ATEN.value, graph=entry)
+        label = re.sub(r"\W+", "_", pytree.keystr(path)).strip("_")
+        label = label if label and not label[0].isdigit() else f"output_{label or index}"
+        outputs.append({"name": "output" if len(leaves) == 1 else label, "dtype": dtype_name(eager.dtype),
+                        "shape": [_dim(s, names) for s in value.shape]})
+    method = point.method if isinstance(point.method, str) else getattr(point.method, "__qualname__", "callable")
+    return {"function": _function_name(entry), "method": method, "tracer": found.tracer,
+            "inputs": inputs, "outputs": outputs}
+
+
+def _compile(source: bytes, opts: Options, targets: tuple[Target, ...], name: str) -> dict[Target, tuple[bytes, list[str]]]:
+    """Each target's vmfb and iree-compile flags, compiled side by side."""
+    invocations = {t: invocation(opts, t) for t in targets}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(targets), os.cpu_count() or 1)) as pool:
+        futures = {t: pool.submit(run_iree_compile, source, inv, graph=f"{name}-{t.value}",
+                                  timeout_s=opts.compile_timeout_s) for t, inv in invocations.items()}
+        return {t: (f.result(), list(invocations[t].flags)) for t, f in futures.items()}
+
+
+def _versions() -> dict[str, str]:
+    import tori
+
+    found = {"tori": tori.__version__, "python": sys.version.split()[0]}
+    for key, package in (("torch", "torch"), ("torch_mlir", "torch-mlir"), ("iree_compiler", "iree-base-compiler"),
+                         ("iree_runtime", "iree-base-runtime")):
+        try:
+            found[key] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            found[key] = "unknown"
+    return found
+
+
+def _numpy(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.detach().cpu().contiguous().numpy()
+
+
+def _write(output_dir: Path, *, name: str, opts: Options, vmfbs, specs, symbols, traced, entries, parameters,
+           examples: bool, c_embed: bool) -> Path:
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = output_dir.with_name(f".{output_dir.name}.partial-{uuid.uuid4().hex[:8]}")
+    staging.mkdir()
+    try:
+        files: list[str] = []
+        manifest_targets = {}
+        for target, (vmfb, flags) in vmfbs.items():
+            file = f"{target.value}.vmfb"
+            (staging / file).write_bytes(vmfb)
+            files.append(file)
+            manifest_targets[target.value] = {
+                "file": file, "drivers": list(spec(target).drivers), "backend": spec(target).backend,
+                "float64": spec(target).float64, "iree_compile_flags": flags}
+        manifest_parameters = None
+        if parameters is not None:
+            file = "parameters.irpa"
+            fmt.write_parameters(staging / file, {k: _numpy(v.reshape(-1).view(torch.uint8)) if v.numel()
+                                                  else np.zeros(0, np.uint8) for k, v in parameters.items()})
+            files.append(file)
+            manifest_parameters = {
+                "file": file, "scope": fmt.PARAMETER_SCOPE,
+                "entries": {k: {"dtype": dtype_name(v.dtype), "shape": list(v.shape)} for k, v in parameters.items()}}
+        if examples:
+            for entry, found in traced.items():
+                folder = Path("examples") / entry
+                (staging / folder).mkdir(parents=True)
+                tensors = {"inputs": [a for a in pytree.tree_leaves((entries[entry].args, dict(entries[entry].kwargs or {})))
+                                      if isinstance(a, torch.Tensor)],
+                           "outputs": [o for o in pytree.tree_leaves(found.eager_outputs)]}
+                listed = {}
+                for kind, values in tensors.items():
+                    listed[kind] = []
+                    for index, value in enumerate(values):
+                        file = (folder / f"{kind[:-1]}_{index}.npy").as_posix()
+                        np.save(staging / file, _numpy(value))
+                        listed[kind].append(file)
+                        files.append(file)
+                specs[entry]["examples"] = listed
+        manifest_c = {}
+        if c_embed:
+            for target, info in manifest_targets.items():
+                identifier = re.sub(r"\W", "_", f"{name}_{target}_module")
+                source, header = f"c/{identifier}.c", f"c/{identifier}.h"
+                (staging / "c").mkdir(exist_ok=True)
+                embed_c(staging / info["file"], staging / source, staging / header, identifier)
+                files += [source, header]
+                manifest_c[target] = {"source": source, "header": header, "identifier": identifier}
+        manifest = {
+            "format": fmt.FORMAT,
+            "format_version": fmt.FORMAT_VERSION,
+            "name": name,
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "versions": _versions(),
+            "pipeline": opts.pipeline,
+            "entry_points": specs,
+            "symbols": symbols,
+            "targets": manifest_targets,
+            "parameters": manifest_parameters,
+            "c_embed": manifest_c or None,
+            "files": fmt.describe_files(staging, files),
+        }
+        fmt.write_manifest(staging, manifest)
+        fmt.replace_folder(staging, output_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    log.info("exported %s (%s) to %s", name, ", ".join(t.value for t in vmfbs), output_dir)
+    return output_dir
+
+
+def embed_c(vmfb: Path, source: Path, header: Path, identifier: str) -> None:
+    """C source and header holding `vmfb` as data (IREE's iree-c-embed-data):
+    `const iree_file_toc_t* IDENTIFIER_create(void)` returns it."""
+    tool = shutil.which("iree-c-embed-data", path=os.pathsep.join([str(Path(sys.executable).parent),
+                                                                   os.environ.get("PATH", "")]))
+    if tool is None:
+        raise CompileError("iree-c-embed-data (from iree-base-runtime) is not on PATH", stage=Stage.VMFB.value)
+    done = subprocess.run([tool, f"--output_header={header}", f"--output_impl={source}",
+                           f"--identifier={identifier}", "--flatten", str(vmfb)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise CompileError(f"iree-c-embed-data failed: {done.stderr.strip()}", stage=Stage.VMFB.value)
+    # The generated source includes its header by the bare name given to the tool.
+    text = source.read_text()
+    source.write_text(text.replace(f'#include "{header}"', f'#include "{header.name}"'))
