@@ -27,6 +27,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	bash tests/setup/chromium.sh
 	bash .ci/vulkan-setup
+	bash tests/setup/cc.sh
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: $(STAMP)
