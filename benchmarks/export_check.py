@@ -11,6 +11,7 @@ import argparse
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -33,7 +34,7 @@ main(["run", sys.argv[1], "--examples", "--device", sys.argv[2]])
 
 
 def iree_run_module(path: Path, device: str) -> float:
-    """Max abs difference between iree-run-module's printed output and eager's."""
+    """Max abs difference between iree-run-module's output and eager's."""
     import json
 
     manifest = json.loads((path / "manifest.json").read_text())
@@ -43,14 +44,15 @@ def iree_run_module(path: Path, device: str) -> float:
                *[f"--input=@{path / f}" for f in entry["examples"]["inputs"]]]
     if manifest["parameters"]:
         command.append(f"--parameters=model={path / manifest['parameters']['file']}")
-    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    if done.returncode != 0:
-        raise RuntimeError(done.stderr.strip())
-    line = next(line for line in done.stdout.splitlines() if re.match(r"^[\dx]+x\w+=", line.strip()))
-    shape = [int(d) for d in line.split("=")[0].split("x")[:-1]]
-    values = np.array([float(v) for v in re.findall(r"[-+]?\d+\.?\d*(?:e[-+]?\d+)?", line.split("=", 1)[1])])
+    with tempfile.TemporaryDirectory() as folder:
+        # Large results are elided when printed: written as .npy instead.
+        result = Path(folder) / "result.npy"
+        done = subprocess.run([*command, f"--output=@{result}"], capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            raise RuntimeError(done.stderr.strip())
+        got = np.load(result)
     expected = np.load(path / entry["examples"]["outputs"][0])
-    return float(np.abs(values.reshape(shape) - expected).max())
+    return float(np.abs(got - expected).max())
 
 
 def main() -> None:
