@@ -25,9 +25,7 @@ demo: $(STAMP)
 	$(PY) -m tori.demo
 
 test: $(STAMP)
-	bash tests/setup/chromium.sh
-	bash .ci/vulkan-setup
-	bash tests/setup/cc.sh
+	bash tests/setup/system-packages.sh
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 bench: $(STAMP)

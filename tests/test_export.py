@@ -281,7 +281,7 @@ def c_compiler():
         subprocess.run(["bash", str(ROOT / "tests" / "setup" / "cc.sh")], check=False)
     compiler = shutil.which("cc")
     if compiler is None:
-        pytest.skip("no C compiler, and tests/setup/cc.sh could not install one")
+        pytest.skip("no C compiler, and tests/setup/system-packages.sh could not install one")
     return compiler
 
 

@@ -1,5 +1,5 @@
 """The HTML compile report: written by `tori report` and by options={"report": path},
-opened in a real headless Chromium (Debian's package; tests/setup/chromium.sh)."""
+opened in a real headless Chromium (Debian's package; tests/setup/system-packages.sh)."""
 
 import re
 import shutil
@@ -92,7 +92,7 @@ def test_report_option_writes_the_page_as_graphs_compile(tmp_path):
     assert len(page.having("span", class_="compiled")) == 1
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (tests/setup/chromium.sh installs it as root)")
+@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (tests/setup/system-packages.sh installs it as root)")
 def test_report_renders_in_headless_chromium(report, tmp_path):
     path = report[0]
     url = path.as_uri() + "#expand"
