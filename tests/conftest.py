@@ -1,5 +1,16 @@
+import atexit
+import os
+import shutil
+import tempfile
+
 import pytest
 import torch
+
+# The suite's compile cache is its own, never the user's ~/.cache/tori; it must be set
+# before tori.config reads the environment.
+os.environ["TORI_CACHE_DIR"] = tempfile.mkdtemp(prefix="tori-test-cache-")
+atexit.register(shutil.rmtree, os.environ["TORI_CACHE_DIR"], ignore_errors=True)
+os.environ.pop("TORI_CACHE_URL", None)
 
 
 @pytest.fixture(autouse=True)

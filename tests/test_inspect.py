@@ -10,8 +10,8 @@ from click.testing import CliRunner
 
 import tori
 from tori.cli import main
+from tori.cache import compile_key
 from tori.testing import assert_matches_eager
-from tori.tools.dump import content_hash
 
 TESTS = Path(__file__).resolve().parent
 
@@ -66,10 +66,10 @@ def test_dump_dir_index_links_stages_guards_passes_and_content_hash(tmp_path):
     assert_matches_eager(with_constant, torch.randn(2, 64), options={"dump_dir": str(keep), "dump_large_constants": True})
     (kept,) = keep.iterdir()
     assert "0x04000000" in (kept / "04-tori.mlir").read_text()
-    # The hash is of the IREE input (kept whole in this dump), the flags and the versions.
-    flags = tuple((kept / "06-iree.sh").read_text().split()[2:-2])  # between the input and "-o OUT"
-    assert json.loads((kept / "index.json").read_text())["content_hash"] == content_hash(
-        (kept / "05-iree-input.mlir").read_text(), flags)
+    # The hash is the compile cache's key: the IR after tori's passes (kept whole in this
+    # dump), the target's flags and CPU, and the versions.
+    assert json.loads((kept / "index.json").read_text())["content_hash"] == compile_key(
+        (kept / "04-tori.mlir").read_text(), tori.compiler.config.options())
 
 
 @pytest.fixture(scope="module")

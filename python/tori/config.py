@@ -80,6 +80,12 @@ class Options:
     # one for each input size seen `specialize_after` times (0: off; frontend/shape_variants.py).
     specialize_shapes: int = 0
     specialize_after: int = 3
+    # The compile cache (tori/cache.py): on/off, its local directory, its size bound
+    # (least recently used entries go first), and a shared Redis cache above it.
+    cache: bool = True
+    cache_dir: Path = field(default_factory=lambda: _default_cache_dir())
+    cache_max_bytes: int = 4 << 30
+    cache_url: str | None = None
 
     def replace(self, **changes: Any) -> "Options":
         return dataclasses.replace(self, **changes)
@@ -104,6 +110,27 @@ class Options:
         return base.replace(**{k: _coerce(k, v) for k, v in options.items()})
 
 
+def _default_cache_dir() -> Path:
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tori"
+
+
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def _size(name: str, value: Any) -> int:
+    """Bytes, from an integer or a string such as "512M" or "2G"."""
+    if isinstance(value, str):
+        text = value.strip().upper().removesuffix("B").removesuffix("I")
+        unit = text[-1:] if text[-1:] in _SIZE_UNITS else ""
+        try:
+            value = int(float(text[:len(text) - len(unit)]) * _SIZE_UNITS[unit])
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise OptionsError(name, value, ["a positive number of bytes, e.g. 2G or 512M"])
+    return value
+
+
 def _coerce(name: str, value: Any) -> Any:
     if name == "target":
         return _enum_value(Target, "target", value)
@@ -116,8 +143,18 @@ def _coerce(name: str, value: Any) -> Any:
         return _enum_value(Driver, "driver", value)
     if name in ("repro_dir", "dump_dir", "report"):
         return None if value is None else Path(value)
-    if name in ("dump_iree_phases", "dump_large_constants"):
+    if name == "cache_dir":
+        return Path(value).expanduser()
+    if name in ("dump_iree_phases", "dump_large_constants", "cache"):
         return _flag(name, value)
+    if name == "cache_max_bytes":
+        return _size(name, value)
+    if name == "cache_url":
+        if value in (None, ""):
+            return None
+        if not isinstance(value, str) or not value.startswith(("redis://", "rediss://", "unix://")):
+            raise OptionsError(name, value, ["redis://host:port/db", "rediss://...", "unix:///path/to/socket"])
+        return value
     if name == "iree_flags":
         if isinstance(value, str):
             return tuple(value.split())
@@ -183,6 +220,10 @@ ENVIRONMENT = {
     "TORI_COMPILE_TIMEOUT": "compile_timeout_s",
     "TORI_SPECIALIZE_SHAPES": "specialize_shapes",
     "TORI_SPECIALIZE_AFTER": "specialize_after",
+    "TORI_CACHE": "cache",
+    "TORI_CACHE_DIR": "cache_dir",
+    "TORI_CACHE_MAX_SIZE": "cache_max_bytes",
+    "TORI_CACHE_URL": "cache_url",
 }
 
 

@@ -9,11 +9,16 @@ from dataclasses import dataclass, fields
 
 @dataclass
 class Counters:
-    compiled_graphs: int = 0  # AOT graphs compiled to a vmfb
+    compiled_graphs: int = 0  # AOT graphs compiled to a vmfb (by iree-compile or from the compile cache)
     fallback_graphs: int = 0  # AOT or Dynamo graphs that run in eager PyTorch instead
     compiled_calls: int = 0  # calls served by an IREE module
     fallback_calls: int = 0  # calls served by eager PyTorch after a fallback
     shape_variants: int = 0  # static-shape variants compiled for graphs with dynamic shapes
+    iree_compiles: int = 0  # iree-compile runs (a compile cache hit makes none)
+    cache_hits: int = 0  # graphs whose modules came from the compile cache
+    cache_misses: int = 0  # graphs looked up in the compile cache and not found
+    cache_corrupt: int = 0  # cache entries that failed their content hash (deleted)
+    cache_refused: int = 0  # shared cache entries not signed with TORI_CACHE_KEY
 
     def snapshot(self) -> "Counters":
         return Counters(**{f.name: getattr(self, f.name) for f in fields(self)})

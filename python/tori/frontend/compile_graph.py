@@ -12,6 +12,7 @@ from dataclasses import replace
 
 import torch.fx
 
+from tori.cache import compile_cache, compile_key
 from tori.config import Options
 from tori.errors import CompileError
 from tori.frontend.importer import import_graph, to_bytecode
@@ -51,18 +52,26 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
             record.stages[Stage.TORI] = str(module)
         else:
             record.stages[Stage.TORI] = record.stages[Stage.TORCH]
-        lower_for_iree(module, graph=record.name)
-        if inspecting:
-            record.iree_input = str(module)
+        # IREE's phase dumps come from compiling, so asking for them bypasses the cache.
+        cache = None if options.dump_iree_phases else compile_cache(options)
+        key = compile_key(record.stages[Stage.TORI], options) if cache is not None else None
+        vmfbs = cache.get(key) if cache is not None else None
         invocation = IreeInvocation(tuple(compile_flags(options.target, target_arch(options, options.target),
                                                         options.iree_flags + iree_dump_flags(record, options))))
         record.stages[Stage.IREE] = invocation.shell_command(f"{record.name}.mlirbc", f"{record.name}.vmfb")
-        bytecode = to_bytecode(module)
-        others = OtherTargets(bytecode, options, record.name, record.stages[Stage.TORI])  # compiling meanwhile
-        vmfb = run_iree_compile(bytecode, invocation, graph=record.name, timeout_s=options.compile_timeout_s)
-        record.stages[Stage.VMFB] = vmfb
-        compiled = runtime_graph(record.name, {options.target: vmfb, **others.result()}, signature, options,
-                                 static_args)
+        if vmfbs is None or inspecting:
+            lower_for_iree(module, graph=record.name)
+        if inspecting:
+            record.iree_input = str(module)
+        if vmfbs is None:
+            bytecode = to_bytecode(module)
+            others = OtherTargets(bytecode, options, record.name, record.stages[Stage.TORI])  # compiling meanwhile
+            vmfb = run_iree_compile(bytecode, invocation, graph=record.name, timeout_s=options.compile_timeout_s)
+            vmfbs = {options.target: vmfb, **others.result()}
+            if cache is not None:
+                cache.put(key, vmfbs, {"graph": record.name, "kind": record.kind})
+        record.stages[Stage.VMFB] = vmfbs[options.target]
+        compiled = runtime_graph(record.name, vmfbs, signature, options, static_args)
         record.compiled = compiled
     except PassError as error:
         record.error = write_repro(error, options.repro_dir, gm=gm, mlir=error.ir_before, pipeline=error.step)

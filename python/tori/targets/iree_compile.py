@@ -14,6 +14,7 @@ from functools import lru_cache
 
 from tori.errors import CompileError, UnsupportedOpError
 from tori.stages import Stage
+from tori.stats import counters
 from tori.targets import Target, spec
 
 # Flags every compilation gets: torch input, and float64 kept as float64 so results
@@ -84,6 +85,7 @@ def summarize_diagnostics(stderr: str) -> tuple[str, str | None, str | None]:
 
 def run_iree_compile(bytecode: bytes, invocation: IreeInvocation, *, graph: str, timeout_s: float) -> bytes:
     """Compile MLIR bytecode to a vmfb; raise CompileError (stage 'iree') on any failure."""
+    counters.iree_compiles += 1
     try:
         done = subprocess.run(invocation.command(), input=bytecode, capture_output=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:

@@ -6,13 +6,11 @@ are elided with MLIR's and IREE's own printing limits unless `dump_large_constan
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
-from functools import lru_cache
-from importlib import metadata
 from pathlib import Path
 
+from tori.cache import compile_key, versions
 from tori.config import Options
 from tori.frontend.records import GraphRecord
 from tori.stages import Stage
@@ -77,28 +75,6 @@ def iree_dump_flags(record: GraphRecord, options: Options) -> tuple[str, ...]:
     return flags
 
 
-@lru_cache(maxsize=1)
-def versions() -> dict[str, str]:
-    found = {}
-    for package in ("tori", "torch", "torch-mlir", "iree-base-compiler"):
-        try:
-            found[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            found[package] = "unknown"
-    return found
-
-
-def content_hash(iree_input: str, flags: tuple[str, ...]) -> str:
-    """sha256 of what decides iree-compile's output: its input, its flags (dump flags
-    left out) and the versions of tori, torch, torch-mlir and IREE."""
-    digest = hashlib.sha256(iree_input.encode())
-    for flag in flags:
-        if not flag.startswith(("--dump-compilation-phases-to", "--mlir-elide")):
-            digest.update(b"\0" + flag.encode())
-    digest.update(json.dumps(versions(), sort_keys=True).encode())
-    return digest.hexdigest()
-
-
 def stage_texts(record: GraphRecord, keep_large_constants: bool = False) -> list[tuple[str, str, str]]:
     """(name, file suffix, text) of every text stage of a graph in pipeline order: the
     Dynamo graph, ATen, torch, the IR after each pass that changed it, tori, the IREE
@@ -135,7 +111,6 @@ def dump_graph(record: GraphRecord, options: Options) -> Path:
         path = directory / f"{len(texts):02d}-vmfb.vmfb"
         path.write_bytes(record.stages[Stage.VMFB])
         files.append({"stage": "vmfb", "file": path.name})
-    flags = tuple(record.stages[Stage.IREE].split()[2:-2]) if Stage.IREE in record.stages else ()
     pass_files = {f["stage"]: f["file"] for f in files}
     index = {
         "graph": record.name,
@@ -149,9 +124,10 @@ def dump_graph(record: GraphRecord, options: Options) -> Path:
                     "file": pass_files.get(f"tori.{n:02d}.{run.step.name}")}
                    for n, run in enumerate(record.passes, 1)],
         "iree_phases": sorted(p.name for p in (directory / PHASES).glob("*")) if (directory / PHASES).is_dir() else [],
-        # No compile cache exists yet: this is the content hash such a cache would key on.
-        "content_hash": content_hash(record.iree_input, flags) if record.iree_input is not None else None,
-        "content_hash_of": "sha256 of the IREE input, the iree-compile flags and the versions below",
+        # The compile cache's key of this graph (tori/cache.py).
+        "content_hash": compile_key(record.stages[Stage.TORI], options) if Stage.TORI in record.stages else None,
+        "content_hash_of": "sha256 of the IR after tori's passes, every target's iree-compile flags, the host CPU "
+                           "when compiled for 'host', and the versions below",
         "versions": versions(),
     }
     (directory / INDEX).write_text(json.dumps(index, indent=2) + "\n")

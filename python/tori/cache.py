@@ -1,0 +1,339 @@
+"""The compile cache: compiled modules (vmfb) stored under a content hash of the IR
+after tori's passes, the targets with their resolved details, every flag and versions.
+
+A local disk cache (TORI_CACHE_DIR, default ~/.cache/tori) with atomic writes and
+least-recently-used eviction, optionally layered under a shared Redis cache
+(TORI_CACHE_URL) whose entries are authenticated with HMAC (TORI_CACHE_KEY).
+
+An entry is JSON metadata and raw vmfb bytes, never pickle:
+
+    TORI-CACHE 1\\n
+    {"key": ..., "blobs": [{"target": "cpu", "size": N}, ...], "meta": {...}, "sha256": ...}\\n
+    <blob bytes, one after the other>
+
+`sha256` covers the key, the blob list, the metadata and every blob byte; it is
+checked before anything is loaded, so a corrupted or truncated entry is detected,
+deleted, and its graph recompiled. A Redis value is `hmac-sha256 hex` + "\\n" +
+the entry, the HMAC over the cache key and the entry: a writer without TORI_CACHE_KEY
+cannot make another machine load its code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import os
+import platform
+import tempfile
+import threading
+from functools import lru_cache
+from importlib import metadata
+from pathlib import Path
+from typing import Iterable, Mapping
+
+from tori.config import Options
+from tori.stats import counters
+from tori.targets import Target
+
+log = logging.getLogger("tori.cache")
+
+MAGIC = b"TORI-CACHE 1\n"
+ENTRY_SUFFIX = ".entry"
+REDIS_PREFIX = "tori:cache:"
+KEY_ENV = "TORI_CACHE_KEY"  # the HMAC secret of the shared cache; deliberately not an Option (never printed)
+
+
+class CorruptEntry(Exception):
+    """An entry whose bytes do not match its content hash (or are not an entry at all)."""
+
+
+# --- what a key names -------------------------------------------------------
+
+@lru_cache(maxsize=1)
+def versions() -> dict[str, str]:
+    """Versions of tori, torch, torch-mlir and IREE; tori's also names its sources,
+    so that an edited checkout never reuses modules compiled by other code."""
+    found = {}
+    for package in ("tori", "torch", "torch-mlir", "iree-base-compiler", "iree-base-runtime"):
+        try:
+            found[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            found[package] = "unknown"
+    found["tori-sources"] = _sources_digest()
+    return found
+
+
+def _sources_digest() -> str:
+    root = Path(__file__).parent
+    digest = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+@lru_cache(maxsize=1)
+def host_cpu() -> dict[str, str]:
+    """This machine's CPU as the kernel reports it: what LLVM resolves `host` from
+    (vendor, family, model, feature flags), so a module built for one CPU is never
+    reused on another."""
+    found = {"machine": platform.machine()}
+    wanted = ("vendor_id", "cpu family", "model", "model name", "stepping", "flags",
+              "CPU implementer", "CPU architecture", "CPU variant", "CPU part", "Features", "isa")
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        found["processor"] = platform.processor()
+        return found
+    first = text.split("\n\n", 1)[0]
+    for line in first.splitlines():
+        name, _, value = line.partition(":")
+        if name.strip() in wanted:
+            value = value.strip()
+            found[name.strip()] = " ".join(sorted(value.split())) if name.strip() in ("flags", "Features") else value
+    return found
+
+
+def content_hash(ir: str | bytes, flags: Iterable[str], details: Mapping | None = None) -> str:
+    """sha256 of what decides iree-compile's output: its input IR, its flags (dump
+    flags left out), resolved target details and the versions of tori, torch,
+    torch-mlir and IREE."""
+    digest = hashlib.sha256(ir.encode() if isinstance(ir, str) else ir)
+    for flag in flags:
+        if not flag.startswith(("--dump-compilation-phases-to", "--mlir-elide")):
+            digest.update(b"\0" + flag.encode())
+    digest.update(json.dumps({"versions": versions(), "details": details or {}}, sort_keys=True).encode())
+    return digest.hexdigest()
+
+
+def compile_key(tori_ir: str, options: Options) -> str:
+    """The key of one graph's modules: the IR after tori's passes, and per compiled
+    target every iree-compile flag and, for a CPU compiled for `host`, the actual CPU."""
+    from tori.targets.build import compiled_targets, invocation
+
+    flags: list[str] = []
+    details: dict = {}
+    for target in compiled_targets(options):
+        flags += [f"target={target.value}", *invocation(options, target).flags]
+        if target is Target.CPU and options.cpu == "host":
+            details["host_cpu"] = host_cpu()
+    return content_hash(tori_ir, flags, details)
+
+
+# --- entries ----------------------------------------------------------------
+
+def encode_entry(key: str, vmfbs: Mapping[Target, bytes], meta: Mapping | None = None) -> bytes:
+    header = {"key": key, "blobs": [{"target": t.value, "size": len(b)} for t, b in vmfbs.items()],
+              "meta": dict(meta or {})}
+    header["sha256"] = _entry_digest(header, vmfbs.values())
+    return MAGIC + json.dumps(header, sort_keys=True).encode() + b"\n" + b"".join(vmfbs.values())
+
+
+def _entry_digest(header: Mapping, blobs: Iterable[bytes]) -> str:
+    digest = hashlib.sha256(json.dumps({k: v for k, v in header.items() if k != "sha256"}, sort_keys=True).encode())
+    for blob in blobs:
+        digest.update(blob)
+    return digest.hexdigest()
+
+
+def decode_entry(key: str, data: bytes) -> dict[Target, bytes]:
+    """The vmfbs of an entry; CorruptEntry unless every byte matches its content hash."""
+    if not data.startswith(MAGIC):
+        raise CorruptEntry("not a tori cache entry")
+    end = data.find(b"\n", len(MAGIC))
+    if end < 0:
+        raise CorruptEntry("truncated header")
+    try:
+        header = json.loads(data[len(MAGIC):end])
+        sizes = [(Target(b["target"]), int(b["size"])) for b in header["blobs"]]
+    except (ValueError, KeyError, TypeError) as error:
+        raise CorruptEntry(f"unreadable header: {error}") from None
+    if header.get("key") != key:
+        raise CorruptEntry("entry of another key")
+    body = memoryview(data)[end + 1:]
+    if len(body) != sum(size for _, size in sizes):
+        raise CorruptEntry(f"{len(body)} bytes of modules, the header says {sum(s for _, s in sizes)}")
+    vmfbs, offset = {}, 0
+    for target, size in sizes:
+        vmfbs[target] = bytes(body[offset:offset + size])
+        offset += size
+    if not hmac.compare_digest(str(header.get("sha256", "")), _entry_digest(header, vmfbs.values())):
+        raise CorruptEntry("content hash mismatch")
+    return vmfbs
+
+
+# --- the local disk cache ---------------------------------------------------
+
+class DiskCache:
+    """Entries as files `<dir>/<key[:2]>/<key>.entry`, written to a temporary file
+    and renamed into place (a reader sees a whole entry or none); a hit refreshes
+    the file's mtime, and eviction removes the least recently used entries once the
+    total passes `max_bytes`."""
+
+    def __init__(self, directory: Path, max_bytes: int):
+        self.directory = Path(directory)
+        self.max_bytes = max_bytes
+
+    def path(self, key: str) -> Path:
+        return self.directory / key[:2] / f"{key}{ENTRY_SUFFIX}"
+
+    def get(self, key: str) -> dict[Target, bytes] | None:
+        path = self.path(key)
+        try:
+            data = path.read_bytes()
+        except OSError:
+            return None
+        try:
+            vmfbs = decode_entry(key, data)
+        except CorruptEntry as error:
+            log.warning("tori: compile cache entry %s is corrupted (%s); deleted, the graph is recompiled", path, error)
+            counters.cache_corrupt += 1
+            path.unlink(missing_ok=True)
+            return None
+        try:
+            os.utime(path)
+        except OSError:
+            pass  # evicted meanwhile by another process: the modules read are whole
+        return vmfbs
+
+    def put(self, key: str, entry: bytes) -> None:
+        path = self.path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{key[:16]}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as file:
+                file.write(entry)
+            os.replace(temporary, path)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+        self.evict(keep=path)
+
+    def entries(self) -> list[tuple[float, int, Path]]:
+        found = []
+        for path in self.directory.glob(f"??/*{ENTRY_SUFFIX}"):
+            try:
+                stat = path.stat()
+            except OSError:
+                continue
+            found.append((stat.st_mtime, stat.st_size, path))
+        return sorted(found)
+
+    def evict(self, keep: Path | None = None) -> None:
+        entries = self.entries()
+        total = sum(size for _, size, _ in entries)
+        for _, size, path in entries:
+            if total <= self.max_bytes:
+                break
+            if path == keep:
+                continue
+            path.unlink(missing_ok=True)
+            total -= size
+
+
+# --- the shared Redis cache -------------------------------------------------
+
+class RedisCache:
+    """Entries in Redis, each value signed with HMAC-SHA256 under TORI_CACHE_KEY."""
+
+    def __init__(self, url: str, secret: bytes):
+        import redis
+
+        self.url = url
+        self._secret = secret
+        self._client = redis.Redis.from_url(url, socket_timeout=5, socket_connect_timeout=5)
+        self._failed = False
+
+    def _sign(self, key: str, entry: bytes) -> bytes:
+        return hmac.new(self._secret, key.encode() + b"\0" + entry, hashlib.sha256).hexdigest().encode()
+
+    def get(self, key: str) -> bytes | None:
+        """The entry stored under `key`, None when absent or not signed with our key."""
+        value = self._call("get", REDIS_PREFIX + key)
+        if value is None:
+            return None
+        signature, _, entry = value.partition(b"\n")
+        if not hmac.compare_digest(signature, self._sign(key, entry)):
+            log.warning("tori: shared compile cache entry %s is not signed with this TORI_CACHE_KEY; refused", key)
+            counters.cache_refused += 1
+            return None
+        return entry
+
+    def put(self, key: str, entry: bytes) -> None:
+        self._call("set", REDIS_PREFIX + key, self._sign(key, entry) + b"\n" + entry)
+
+    def _call(self, method: str, *args):
+        if self._failed:
+            return None
+        import redis
+
+        try:
+            return getattr(self._client, method)(*args)
+        except redis.RedisError as error:
+            self._failed = True  # one warning, then the local cache alone
+            log.warning("tori: shared compile cache %s unreachable (%s); using the local cache only", self.url, error)
+            return None
+
+
+# --- the cache a compile uses -----------------------------------------------
+
+class CompileCache:
+    """The local cache, and the shared one above it when configured."""
+
+    def __init__(self, local: DiskCache, shared: RedisCache | None = None):
+        self.local = local
+        self.shared = shared
+
+    def get(self, key: str) -> dict[Target, bytes] | None:
+        vmfbs = self.local.get(key)
+        if vmfbs is None and self.shared is not None:
+            entry = self.shared.get(key)
+            if entry is not None:
+                try:
+                    vmfbs = decode_entry(key, entry)
+                except CorruptEntry as error:
+                    log.warning("tori: shared compile cache entry %s is corrupted (%s); recompiling", key, error)
+                    counters.cache_corrupt += 1
+                else:
+                    self.local.put(key, entry)
+        if vmfbs is None:
+            counters.cache_misses += 1
+        else:
+            counters.cache_hits += 1
+        return vmfbs
+
+    def put(self, key: str, vmfbs: Mapping[Target, bytes], meta: Mapping | None = None) -> None:
+        entry = encode_entry(key, vmfbs, meta)
+        try:
+            self.local.put(key, entry)
+        except OSError as error:
+            log.warning("tori: could not write the compile cache in %s: %s", self.local.directory, error)
+        if self.shared is not None:
+            self.shared.put(key, entry)
+
+
+_caches: dict[tuple, CompileCache] = {}
+_lock = threading.Lock()
+
+
+def compile_cache(options: Options) -> CompileCache | None:
+    """The cache `options` name, None when off (option `cache`, TORI_CACHE=0)."""
+    if not options.cache:
+        return None
+    secret = os.environ.get(KEY_ENV, "")
+    ident = (str(options.cache_dir), options.cache_max_bytes, options.cache_url, hashlib.sha256(secret.encode()).digest())
+    with _lock:
+        cache = _caches.get(ident)
+        if cache is None:
+            shared = None
+            if options.cache_url:
+                if not secret:
+                    from tori.errors import OptionsError
+
+                    raise OptionsError("cache_url", options.cache_url, [],
+                                       message=f"the shared compile cache {options.cache_url} needs {KEY_ENV}, the "
+                                               f"secret its entries are signed with (the same on every machine)")
+                shared = RedisCache(options.cache_url, secret.encode())
+            cache = _caches[ident] = CompileCache(DiskCache(options.cache_dir, options.cache_max_bytes), shared)
+        return cache

@@ -1,0 +1,256 @@
+"""The compile cache: warm starts compile nothing, keys name what changes the output,
+corrupted entries are recompiled, eviction, concurrent processes, and the shared
+Redis cache with its HMAC-signed entries (a real redis-server on loopback)."""
+
+import json
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import tori
+from tori.cache import REDIS_PREFIX, CorruptEntry, DiskCache, compile_key, decode_entry, encode_entry, host_cpu
+from tori.config import Options, from_environment
+from tori.errors import OptionsError
+from tori.targets import Target
+from tori.testing import assert_matches_eager, count_graphs
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# A fresh process compiles the MLP benchmark model and prints its counters and whether
+# the result matched eager.
+CHILD = textwrap.dedent("""
+    import json, sys
+    import torch
+    sys.path.insert(0, sys.argv[1])
+    from models import MODELS
+    from tori.stats import counters
+    model = MODELS["mlp"]
+    module, inputs = model.build(), model.example_inputs()
+    with torch.no_grad():
+        expected = module(*inputs)
+        actual = torch.compile(module, backend="tori", options={"fallback": "error"})(*inputs)
+    torch.testing.assert_close(actual, expected)
+    print(json.dumps({"iree_compiles": counters.iree_compiles, "cache_hits": counters.cache_hits,
+                      "compiled_graphs": counters.compiled_graphs, "cache_corrupt": counters.cache_corrupt,
+                      "cache_refused": counters.cache_refused}))
+""")
+
+
+def run_child(cache_dir: Path, **env: str) -> dict:
+    environ = {**os.environ, "TORI_CACHE_DIR": str(cache_dir), **env}
+    done = subprocess.run([sys.executable, "-c", CHILD, str(ROOT / "benchmarks")], env=environ,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def entries(cache_dir: Path) -> list[Path]:
+    return sorted(cache_dir.glob("??/*.entry"))
+
+
+def test_warm_start_in_a_new_process_compiles_nothing(tmp_path):
+    cold = run_child(tmp_path)
+    assert cold["iree_compiles"] == 1 and cold["cache_hits"] == 0 and cold["compiled_graphs"] == 1
+    assert len(entries(tmp_path)) == 1
+    warm = run_child(tmp_path)
+    assert warm["iree_compiles"] == 0 and warm["cache_hits"] == 1
+    assert warm["compiled_graphs"] == 1  # the graph still runs compiled
+
+
+def test_off_switch_writes_nothing_and_compiles_every_time(tmp_path):
+    assert from_environment({"TORI_CACHE": "0"}).cache is False
+    for _ in range(2):
+        with count_graphs() as count:
+            assert_matches_eager(torch.nn.Linear(8, 4), torch.randn(2, 8),
+                                 options={"cache": False, "cache_dir": str(tmp_path)})
+        assert count.iree_compiles == 1 and count.cache_hits == 0 and count.cache_misses == 0
+    assert not entries(tmp_path)
+
+
+def test_key_names_weights_target_flags_and_host_cpu(tmp_path):
+    options = {"cache_dir": str(tmp_path)}
+    with torch.no_grad():
+        torch.manual_seed(1)
+        first = torch.nn.Linear(16, 4)
+        with count_graphs() as count:
+            assert_matches_eager(first, torch.randn(2, 16), options=options)
+            assert_matches_eager(first, torch.randn(2, 16), options=options)
+        assert (count.iree_compiles, count.cache_hits) == (1, 1)
+        # Weights are arguments of the module: other weights, the same module, still correct.
+        with count_graphs() as count:
+            assert_matches_eager(torch.nn.Linear(16, 4), torch.randn(2, 16), options=options)
+        assert (count.iree_compiles, count.cache_hits) == (0, 1)
+        # A constant inside the graph is part of the IR: another value, another key.
+        with count_graphs() as count:
+            assert_matches_eager(lambda x: x * torch.full((16,), 2.5), torch.randn(2, 16), options=options)
+            assert_matches_eager(lambda x: x * torch.full((16,), 3.5), torch.randn(2, 16), options=options)
+        assert (count.iree_compiles, count.cache_hits) == (2, 0)
+        # Other flags, another key.
+        with count_graphs() as count:
+            assert_matches_eager(first, torch.randn(2, 16), options={**options, "iree_flags": "--iree-opt-level=O1"})
+        assert (count.iree_compiles, count.cache_hits) == (1, 0)
+    assert len(entries(tmp_path)) == 4
+    ir = tori.compiler.inspect(first, torch.randn(2, 16), stages=["tori"])["tori"]
+    base = Options()
+    keys = {compile_key(ir, base), compile_key(ir, base.replace(cpu="znver3")),
+            compile_key(ir, base.replace(targets=(Target.VULKAN,))), compile_key(ir + " ", base),
+            compile_key(ir, base.replace(vulkan_target="rdna3", targets=(Target.VULKAN,)))}
+    assert len(keys) == 5
+    assert compile_key(ir, base) == compile_key(ir, base.replace(fallback="error", cache_dir=tmp_path))
+    # "host" is keyed by the actual CPU, never by the word.
+    assert host_cpu()["machine"] and (len(host_cpu()) > 1)
+
+
+def test_corrupted_entry_is_detected_deleted_and_recompiled(tmp_path, caplog):
+    options = {"cache_dir": str(tmp_path)}
+    model, x = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()), torch.randn(3, 8)
+    assert_matches_eager(model, x, options=options)
+    (entry,) = entries(tmp_path)
+    good = entry.read_bytes()
+    for damage in (good[:-100], good[:-5000] + bytes(4900) + good[-100:], good[:40]):
+        entry.write_bytes(damage)
+        with pytest.raises(CorruptEntry):
+            decode_entry(entry.stem, damage)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="tori.cache"), count_graphs() as count:
+            assert_matches_eager(model, x, options=options)
+        assert (count.cache_corrupt, count.iree_compiles, count.cache_hits) == (1, 1, 0)
+        assert len([r for r in caplog.records if "corrupted" in r.getMessage()]) == 1
+        assert decode_entry(entry.stem, entry.read_bytes())  # rewritten whole
+
+
+def test_least_recently_used_entries_are_evicted_past_the_bound(tmp_path):
+    blob = os.urandom(40_000)
+    cache = DiskCache(tmp_path, max_bytes=100_000)
+    for key in ("aa01", "bb02"):
+        cache.put(key, encode_entry(key, {Target.CPU: blob}))
+        time.sleep(0.01)
+    assert cache.get("aa01") == {Target.CPU: blob}  # now more recent than bb02
+    time.sleep(0.01)
+    cache.put("cc03", encode_entry("cc03", {Target.CPU: blob}))
+    assert cache.get("bb02") is None
+    assert cache.get("aa01") is not None and cache.get("cc03") is not None
+    assert sum(p.stat().st_size for p in entries(tmp_path)) <= 100_000
+    with pytest.raises(OptionsError):
+        Options.from_mapping({"cache_max_bytes": "0"})
+    assert Options.from_mapping({"cache_max_bytes": "512M"}).cache_max_bytes == 512 << 20
+    with pytest.raises(OptionsError):
+        Options.from_mapping({"cache_url": "http://cache:6379"})
+
+
+# Each process writes and reads the same keys as fast as it can; a torn read would
+# raise CorruptEntry (and counts cache_corrupt).
+STRESS = textwrap.dedent("""
+    import os, sys
+    from tori.cache import DiskCache, encode_entry
+    from tori.stats import counters
+    from tori.targets import Target
+    cache = DiskCache(sys.argv[1], max_bytes=1 << 30)
+    seed = int(sys.argv[2])
+    reads = 0
+    for i in range(100):
+        key = f"ab{i % 3}"
+        cache.put(key, encode_entry(key, {Target.CPU: bytes([seed]) * (1 << 20) + os.urandom(64)}))
+        reads += cache.get(f"ab{(i + 1) % 3}") is not None
+    print(counters.cache_corrupt, reads)
+""")
+
+
+def test_concurrent_processes_never_read_a_torn_entry(tmp_path):
+    writers = [subprocess.Popen([sys.executable, "-c", STRESS, str(tmp_path), str(seed)], stdout=subprocess.PIPE,
+                                text=True) for seed in range(4)]
+    outputs = [w.communicate(timeout=120)[0].split() for w in writers]
+    assert all(w.returncode == 0 for w in writers)
+    assert [int(corrupt) for corrupt, _ in outputs] == [0, 0, 0, 0]
+    assert sum(int(reads) for _, reads in outputs) > 200
+    assert not list(tmp_path.glob("??/*.tmp"))
+    # And the real thing: two processes compiling the same model into one empty cache.
+    shared = tmp_path / "shared"
+    children = [subprocess.Popen([sys.executable, "-c", CHILD, str(ROOT / "benchmarks")], text=True,
+                                 stdout=subprocess.PIPE, env={**os.environ, "TORI_CACHE_DIR": str(shared)})
+                for _ in range(2)]
+    results = [json.loads(c.communicate(timeout=300)[0].strip().splitlines()[-1]) for c in children]
+    assert all(c.returncode == 0 for c in children)
+    assert all(r["cache_corrupt"] == 0 and r["compiled_graphs"] == 1 for r in results)
+    (entry,) = entries(shared)
+    assert decode_entry(entry.stem, entry.read_bytes())
+
+
+# --- the shared Redis cache ---
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory):
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.skip("redis-server is not installed (make test installs Debian's redis-server as root)")
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    directory = tmp_path_factory.mktemp("redis")
+    process = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
+                                "no", "--dir", str(directory)], stdout=subprocess.DEVNULL)
+    import redis
+
+    client = redis.Redis(host="127.0.0.1", port=port)
+    for _ in range(100):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.05)
+    else:
+        process.kill()
+        pytest.fail("redis-server did not start")
+    yield f"redis://127.0.0.1:{port}/0"
+    process.terminate()
+    process.wait(timeout=10)
+
+
+def test_second_machine_with_empty_local_cache_compiles_nothing(tmp_path, redis_url):
+    shared = {"TORI_CACHE_URL": redis_url, "TORI_CACHE_KEY": "fleet-secret"}
+    first = run_child(tmp_path / "machine-a", **shared)
+    assert first["iree_compiles"] == 1
+    second = run_child(tmp_path / "machine-b", **shared)
+    assert second["iree_compiles"] == 0 and second["cache_hits"] == 1 and second["compiled_graphs"] == 1
+    assert len(entries(tmp_path / "machine-b")) == 1  # fetched into the local cache
+
+
+def test_forged_redis_entry_is_refused(tmp_path, redis_url, monkeypatch, caplog):
+    import redis
+
+    monkeypatch.setenv("TORI_CACHE_KEY", "fleet-secret")
+    options = {"cache_dir": str(tmp_path / "a"), "cache_url": redis_url}
+    model, x = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()), torch.randn(3, 8)
+    assert_matches_eager(model, x, options=options)
+    (entry,) = entries(tmp_path / "a")
+    key = entry.stem
+    client = redis.Redis.from_url(redis_url)
+    # The forger writes a valid entry (another model's module) without the fleet's key.
+    evil = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Sigmoid())
+    assert_matches_eager(evil, x, options={"cache_dir": str(tmp_path / "evil")})
+    (evil_entry,) = entries(tmp_path / "evil")
+    module = decode_entry(evil_entry.stem, evil_entry.read_bytes())
+    forged = encode_entry(key, module)
+    for signature in (b"", b"0" * 64, b"deadbeef"):
+        client.set(REDIS_PREFIX + key, signature + b"\n" + forged)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="tori.cache"), count_graphs() as count:
+            assert_matches_eager(model, x, options={**options, "cache_dir": str(tmp_path / f"b{len(signature)}")})
+        assert (count.cache_refused, count.iree_compiles, count.cache_hits) == (1, 1, 0)
+        assert len([r for r in caplog.records if "not signed" in r.getMessage()]) == 1
+
+
+def test_shared_cache_needs_a_key(tmp_path, redis_url, monkeypatch):
+    monkeypatch.delenv("TORI_CACHE_KEY", raising=False)
+    with pytest.raises(OptionsError, match="TORI_CACHE_KEY"):
+        assert_matches_eager(torch.nn.Linear(4, 4), torch.randn(2, 4),
+                             options={"cache_dir": str(tmp_path), "cache_url": redis_url})
