@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # The Debian packages that tests use for real: lavapipe and the Vulkan loader (Vulkan on
 # the CPU), chromium (the report's browser test), a C compiler (the C-embedding export
-# test). Installs the missing ones with one apt-get run, as root only; quiet and
+# test), redis-server (the shared compile cache tests). Installs the missing ones with one apt-get run, as root only; quiet and
 # idempotent. Exits 0 either way: without a package its tests skip, saying why (CI sets
 # TORI_REQUIRE_VULKAN=1 so that missing Vulkan fails instead).
 set -u
-PACKAGES=(libvulkan1 mesa-vulkan-drivers chromium gcc libc6-dev)
+PACKAGES=(libvulkan1 mesa-vulkan-drivers chromium gcc libc6-dev redis-server)
 
 have() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 missing=()
