@@ -47,6 +47,10 @@ class TargetSpec:
             from tori.targets import cuda
 
             return cuda.compile_flags(arch)
+        if self.target is Target.VULKAN:
+            from tori.targets import vulkan
+
+            arch = vulkan.resolve(arch)
         flags = [f"--iree-hal-target-device={self.hal_device}"]
         if self.target is Target.CPU:
             flags.append(f"--iree-hal-local-target-device-backends={self.backend}")
@@ -66,9 +70,10 @@ SPECS: dict[Target, TargetSpec] = {
         arch_option="cuda_arch", arch_flag="--iree-cuda-target", default_arch="sm_80",
         executable_format="cuda-nvptx-fb", host_memory=False, float64=False),
     Target.VULKAN: TargetSpec(
-        # IREE's most portable SPIR-V environment: runs on any Vulkan 1.1 device, lavapipe included.
+        # "host": this machine's Vulkan device, lavapipe's own IREE target (`llvmpipe`) when it is
+        # lavapipe, else IREE's most portable environment, vp_android_baseline_2022 (tori/targets/vulkan.py).
         Target.VULKAN, hal_device="vulkan", backend="vulkan-spirv", drivers=("vulkan",),
-        arch_option="vulkan_target", arch_flag="--iree-vulkan-target", default_arch="vp_android_baseline_2022",
+        arch_option="vulkan_target", arch_flag="--iree-vulkan-target", default_arch="host",
         executable_format="vulkan-spirv-fb", host_memory=False, float64=False),
     Target.ROCM: TargetSpec(
         Target.ROCM, hal_device="hip", backend="rocm", drivers=("hip",),

@@ -39,17 +39,29 @@ def check_compiled_in(targets: tuple[Target, ...]) -> None:
 
 # Element types a target computes wrongly or not at all in IREE 3.13 (docs/targets.md):
 # the graph falls back to eager rather than give wrong results.
-UNSUPPORTED_TYPES = {Target.VULKAN: ("f16", "bf16", "f64")}
 _TENSOR_TYPE = re.compile(r"vtensor<\[[^\]]*\],(\w+)>")
 
 
-def check_element_types(ir: str, targets: tuple[Target, ...], graph: str) -> None:
+def unsupported_types(options: Options, target: Target) -> tuple[str, ...]:
+    if target is Target.VULKAN:
+        from tori.targets import vulkan
+
+        return vulkan.unsupported_types(target_arch(options, target))
+    return ()
+
+
+def check_element_types(ir: str, options: Options, graph: str) -> None:
     used = set(_TENSOR_TYPE.findall(ir))
-    for target in targets:
-        bad = sorted(used.intersection(UNSUPPORTED_TYPES.get(target, ())))
+    for target in compiled_targets(options):
+        bad = sorted(used.intersection(unsupported_types(options, target)))
         if bad:
+            arch = target_arch(options, target)
+            if target is Target.VULKAN:
+                from tori.targets import vulkan
+
+                arch = vulkan.resolve(arch)
             raise CompileError(f"{', '.join(bad)} tensors are not supported on target '{target.value}' "
-                               f"(its default device model, {spec(target).default_arch}, gives wrong results or "
+                               f"(its device model, {spec(target).arch_option}={arch!r}, gives wrong results or "
                                f"none for them)", stage="iree", graph=graph)
 
 
@@ -63,7 +75,7 @@ class OtherTargets:
     def __init__(self, bytecode: bytes, options: Options, graph: str, ir: str = ""):
         targets = compiled_targets(options)
         check_compiled_in(targets)
-        check_element_types(ir, targets, graph)
+        check_element_types(ir, options, graph)
         self.invocations = {t: invocation(options, t) for t in targets[1:]}
         self._pool = None
         self._futures: dict[Target, concurrent.futures.Future] = {}
