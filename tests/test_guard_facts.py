@@ -24,7 +24,8 @@ def iree_inputs(monkeypatch):
         return real(bytecode, *args, **kwargs)
 
     monkeypatch.setattr(compile_graph_module, "run_iree_compile", capture)
-    return seen
+    with tori.compiler.config.patch(cache=False):  # a cache hit would hand iree-compile nothing
+        yield seen
 
 
 def _blocks_of_8(x, y):
