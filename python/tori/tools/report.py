@@ -20,9 +20,11 @@ from mlir_pygments import MLIRLexer
 from pygments.formatters import HtmlFormatter
 from pygments.lexers import BashLexer, PythonLexer
 
+from tori.cache import compile_key, content_hash
 from tori.config import Options
 from tori.frontend.records import CompileRecord, GraphRecord, compile_records
-from tori.tools.dump import content_hash, stage_texts
+from tori.stages import Stage
+from tori.tools.dump import stage_texts
 
 log = logging.getLogger("tori.report")
 
@@ -143,8 +145,8 @@ def _graph_section(graph: GraphRecord, options: Options, formatter: HtmlFormatte
         ("IREE dispatches", "-" if dispatches is None else str(dispatches)),
         ("tori pipeline", options.pipeline or "(none)"), ("target", options.target.value),
         ("extra iree-compile flags", " ".join(flags) or "(none)"),
-        ("content hash (IREE input, flags, versions)",
-         content_hash(graph.iree_input, flags)[:16] if graph.iree_input is not None else "-"),
+        ("content hash (compile cache key)",
+         compile_key(graph.stages[Stage.TORI], options)[:16] if Stage.TORI in graph.stages else "-"),
     ]
     rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in facts)
     stages = "".join(
