@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tori-installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv demo test bench clean
+.PHONY: all venv demo test bench fuzz clean
 
 all: test
 
@@ -30,6 +30,11 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/run.py --json benchmarks/results/latest.json
+
+# Differential fuzzing against eager, a longer budget than the test suite's (FUZZ_ARGS: --seeds, --batches).
+FUZZ_ARGS ?=
+fuzz: $(STAMP)
+	$(PY) -m tori.fuzz $(FUZZ_ARGS)
 
 clean:
 	rm -rf $(VENV) build python/*.egg-info .pytest_cache

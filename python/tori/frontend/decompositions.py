@@ -126,3 +126,42 @@ def multi_head_self_attention(op, query, key, value, embed_dim, num_heads, qkv_w
         return NotImplemented
     out = _fused_self_attention(query, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, mask, mask_type)
     return out, torch.empty(0, dtype=out.dtype, device=out.device)
+
+
+def _nan_if_either(a, b, chosen):
+    # a + b is NaN wherever a or b is; elsewhere `chosen` stands.
+    return torch.where(torch.isnan(a) | torch.isnan(b), a + b, chosen)
+
+
+@register_decomposition(aten.maximum.default, aten.minimum.default)
+def nan_propagating_max_min(op, a, b):
+    """IREE's float maximum/minimum return the other operand where the first is NaN
+    (maximum(NaN, 0.0) gave 0.0; found by the fuzzer, docs/limitations.md); eager
+    returns NaN when either operand is NaN."""
+    dtype = torch.result_type(a, b)
+    if not dtype.is_floating_point:
+        return NotImplemented
+    a, b = a.to(dtype), b.to(dtype)
+    chosen = torch.where(a > b if op is aten.maximum.default else a < b, a, b)
+    return _nan_if_either(a, b, chosen)
+
+
+@register_decomposition(aten.clamp.default, aten.clamp_min.default, aten.clamp_max.default)
+def nan_keeping_clamp(op, x, low=None, high=None):
+    """clamp of NaN is NaN in eager; IREE's clamp returned the bound (found by the fuzzer)."""
+    if not x.dtype.is_floating_point or isinstance(low, torch.Tensor) or isinstance(high, torch.Tensor):
+        return NotImplemented
+    if op is aten.clamp_max.default:
+        low, high = None, low
+    result = x
+    if low is not None:
+        result = torch.where(result < low, torch.full_like(x, low), result)
+    if high is not None:
+        result = torch.where(result > high, torch.full_like(x, high), result)
+    return result
+
+
+@register_decomposition(aten.hardtanh.default)
+def nan_keeping_hardtanh(op, x, min_val=-1.0, max_val=1.0):
+    """hardtanh (and relu6) are clamps: NaN stays NaN, as in eager."""
+    return nan_keeping_clamp(aten.clamp.default, x, min_val, max_val)

@@ -1,0 +1,60 @@
+"""`python -m tori.fuzz`: the long fuzzing run (`make fuzz`). Each seed is one
+hypothesis run; a wrong result or crash is shrunk to a minimal program, printed
+as a reproducer, and the next seed goes on. Ends with a summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+
+from hypothesis import HealthCheck, given, seed, settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tori.fuzz", description=__doc__)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
+    parser.add_argument("--batches", type=int, default=60, help="batches per seed")
+    parser.add_argument("--batch-size", type=int, default=8, help="programs per compiled batch at most")
+    args = parser.parse_args(argv)
+    # A compile cache of its own: fuzzed graphs are never worth keeping.
+    os.environ.setdefault("TORI_CACHE_DIR", tempfile.mkdtemp(prefix="tori-fuzz-cache-"))
+
+    from tori.fuzz.check import Summary, Verdict, check
+    from tori.fuzz.strategies import batches
+
+    summary = Summary()
+    shrunk = []
+    for value in args.seeds:
+        failing = []
+
+        @seed(value)
+        @settings(max_examples=args.batches, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+        @given(batches(size=args.batch_size))
+        def run(programs):
+            # Once a failure is found, hypothesis shrinks it: those runs are not counted.
+            outcomes = check(programs, Summary() if failing else summary)
+            bad = [o for o in outcomes if o.verdict in (Verdict.WRONG, Verdict.CRASH)]
+            if bad:
+                failing.append(bad)
+                raise AssertionError("\n\n".join(f"{o.verdict.value}: {o.detail}\n{o.program.reproducer()}" for o in bad))
+
+        try:
+            run()
+        except AssertionError as error:
+            shrunk.append((value, str(error)))
+        print(f"seed {value}: {summary.line()}", flush=True)
+    for value, text in shrunk:
+        print(f"\n=== seed {value}: minimal failing program ===\n{text}")
+    print(f"\nsummary: {summary.line()}")
+    if summary.refusals:
+        print("refused, by reason:")
+        for reason, count in sorted(summary.refusals.items(), key=lambda item: -item[1]):
+            print(f"  {count:5d}  {reason}")
+    return 1 if shrunk else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

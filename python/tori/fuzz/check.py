@@ -1,0 +1,187 @@
+"""Differential check: run fuzzed programs in eager PyTorch and compiled by tori
+(fallback='error', fullgraph), compare every output, and classify each program.
+
+Several programs are compiled as one function; when that batch does not compile
+or disagrees, the programs concerned are checked one by one to isolate them.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from tori.errors import CompileError
+from tori.fuzz.program import Program, batch_source, build
+from tori.testing import count_graphs
+
+# Tolerances per dtype; float16 results may round differently through f32 steps.
+TOLERANCES = {torch.float32: (1e-4, 1e-5), torch.float16: (1e-2, 1e-3)}
+
+
+class Verdict(enum.Enum):
+    MATCH = "match"  # compiled, and every output equals eager's
+    REFUSED = "refused"  # tori raised CompileError (an op or case it does not compile)
+    WRONG = "wrong"  # compiled, and an output differs from eager's
+    CRASH = "crash"  # an exception other than CompileError, or a call that did not run compiled
+    INVALID = "invalid"  # eager itself raises on these inputs: not a test of tori
+
+
+@dataclass
+class Outcome:
+    program: Program
+    verdict: Verdict
+    detail: str = ""
+
+
+@dataclass
+class Summary:
+    programs: int = 0
+    compiles: int = 0
+    seconds: float = 0.0
+    verdicts: dict[Verdict, int] = field(default_factory=lambda: {v: 0 for v in Verdict})
+    refusals: dict[str, int] = field(default_factory=dict)
+    failures: list[Outcome] = field(default_factory=list)
+
+    def add(self, outcome: Outcome) -> None:
+        self.programs += 1
+        self.verdicts[outcome.verdict] += 1
+        if outcome.verdict is Verdict.REFUSED:
+            self.refusals[outcome.detail] = self.refusals.get(outcome.detail, 0) + 1
+        if outcome.verdict in (Verdict.WRONG, Verdict.CRASH):
+            self.failures.append(outcome)
+
+    def line(self) -> str:
+        v = self.verdicts
+        return (f"programs {self.programs}: compiled and matching {v[Verdict.MATCH]}, refused {v[Verdict.REFUSED]}, "
+                f"wrong {v[Verdict.WRONG]}, crashed {v[Verdict.CRASH]}, invalid in eager {v[Verdict.INVALID]}; "
+                f"{self.compiles} compiles in {self.seconds:.0f} s")
+
+
+def mismatch(actual, expected) -> str | None:
+    """Why `actual` is not eager's `expected`, or None. Exact dtype and shape; exact
+    integers and bools; NaN where eager has NaN, Inf of the same sign where eager has
+    Inf; finite floats within the dtype's tolerance (the sign of zero is not compared)."""
+    if not isinstance(actual, torch.Tensor):
+        return f"a {type(actual).__name__} instead of a tensor"
+    if actual.dtype != expected.dtype:
+        return f"dtype {actual.dtype}, eager {expected.dtype}"
+    if actual.shape != expected.shape:
+        return f"shape {tuple(actual.shape)}, eager {tuple(expected.shape)}"
+    if not expected.dtype.is_floating_point:
+        differ = actual != expected
+        if differ.any():
+            return f"{int(differ.sum())} of {expected.numel()} values differ: {_first(actual, expected, differ)}"
+        return None
+    a, e = actual.double(), expected.double()
+    nan_differ = a.isnan() != e.isnan()
+    if nan_differ.any():
+        return f"NaN where eager has none or the reverse: {_first(actual, expected, nan_differ)}"
+    inf_differ = (a.isinf() | e.isinf()) & ~(a == e)
+    if inf_differ.any():
+        return f"Inf differs: {_first(actual, expected, inf_differ)}"
+    rtol, atol = TOLERANCES[expected.dtype]
+    finite = e.isfinite()
+    far = finite & ((a - e).abs() > atol + rtol * e.abs())
+    if far.any():
+        return f"{int(far.sum())} of {expected.numel()} values beyond rtol={rtol}, atol={atol}: {_first(actual, expected, far)}"
+    return None
+
+
+def _first(actual, expected, where) -> str:
+    index = tuple(int(i) for i in where.nonzero()[0])
+    return f"at {list(index)} tori {actual[index].item()!r}, eager {expected[index].item()!r}"
+
+
+def _eager(program: Program) -> list[torch.Tensor] | Exception:
+    try:
+        fn = build(program.function_source(), "program")
+        with torch.no_grad():
+            return list(fn(*(spec.make() for spec in program.inputs)))
+    except Exception as error:
+        return error
+
+
+def _compiled(programs: list[Program], summary: Summary):
+    """Compile `programs` as one function and run it once: (outputs, error)."""
+    source = batch_source(programs)
+    fn = build(source, "batch")
+    args = [spec.make() for p in programs for spec in p.inputs]
+    torch._dynamo.reset()
+    summary.compiles += 1
+    compiled = torch.compile(fn, backend="tori", fullgraph=True, dynamic=False, options={"fallback": "error"})
+    try:
+        with torch.no_grad(), count_graphs() as count:
+            outputs = compiled(*args)
+    except CompileError as error:
+        return None, error
+    except Exception as error:
+        return None, error
+    finally:
+        torch._dynamo.reset()
+    if count.compiled_graphs < 1 or count.fallback_calls or count.compiled_calls < 1:
+        return None, RuntimeError(f"did not run compiled: {count.delta}")
+    return list(outputs), None
+
+
+def _refusal(error: CompileError) -> str:
+    return f"{error.stage}: {error.op or error.reason.splitlines()[0][:120]}"
+
+
+def check(programs: list[Program], summary: Summary) -> list[Outcome]:
+    """Outcomes of `programs`, compiled together where they agree."""
+    start = time.perf_counter()
+    expected = {}
+    outcomes: dict[int, Outcome] = {}
+    for i, program in enumerate(programs):
+        result = _eager(program)
+        if isinstance(result, Exception):
+            outcomes[i] = Outcome(program, Verdict.INVALID, f"{type(result).__name__}: {result}")
+        else:
+            expected[i] = result
+    pending = sorted(expected)
+    if pending:
+        _check_group(programs, pending, expected, outcomes, summary)
+    summary.seconds += time.perf_counter() - start
+    ordered = [outcomes[i] for i in range(len(programs))]
+    for outcome in ordered:
+        summary.add(outcome)
+    return ordered
+
+
+def _check_group(programs, indices, expected, outcomes, summary) -> None:
+    group = [programs[i] for i in indices]
+    actual, error = _compiled(group, summary)
+    if error is not None:
+        if len(indices) > 1:
+            for i in indices:
+                _check_group(programs, [i], expected, outcomes, summary)
+            return
+        i = indices[0]
+        if isinstance(error, CompileError):
+            outcomes[i] = Outcome(programs[i], Verdict.REFUSED, _refusal(error))
+        else:
+            outcomes[i] = Outcome(programs[i], Verdict.CRASH, f"{type(error).__name__}: {str(error)[:2000]}")
+        return
+    position = 0
+    disagreeing = []
+    for i in indices:
+        count = len(expected[i])
+        problems = [f"output {k} ({programs[i].result_names()[k]}): {why}"
+                    for k, (a, e) in enumerate(zip(actual[position:position + count], expected[i]))
+                    if (why := mismatch(a, e)) is not None]
+        position += count
+        if problems:
+            disagreeing.append((i, "; ".join(problems)))
+        else:
+            outcomes[i] = Outcome(programs[i], Verdict.MATCH)
+    for i, why in disagreeing:
+        if len(indices) > 1:
+            _check_group(programs, [i], expected, outcomes, summary)
+            if outcomes[i].verdict is Verdict.MATCH:  # wrong only next to other programs
+                outcomes[i] = Outcome(programs[i], Verdict.WRONG, f"only when batched: {why}\n{batch_source(group)}")
+        else:
+            outcomes[i] = Outcome(programs[i], Verdict.WRONG, why)
+
