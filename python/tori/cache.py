@@ -28,6 +28,7 @@ import os
 import platform
 import tempfile
 import threading
+import time
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
@@ -43,6 +44,8 @@ MAGIC = b"TORI-CACHE 1\n"
 ENTRY_SUFFIX = ".entry"
 REDIS_PREFIX = "tori:cache:"
 KEY_ENV = "TORI_CACHE_KEY"  # the HMAC secret of the shared cache; deliberately not an Option (never printed)
+# A temporary entry file this old belongs to a writer that died: writing one takes milliseconds.
+STALE_TEMPORARY_S = 3600
 
 
 class CorruptEntry(Exception):
@@ -189,7 +192,10 @@ class DiskCache:
         except CorruptEntry as error:
             log.warning("tori: compile cache entry %s is corrupted (%s); deleted, the graph is recompiled", path, error)
             counters.cache_corrupt += 1
-            path.unlink(missing_ok=True)
+            try:
+                path.unlink(missing_ok=True)
+            except OSError:
+                pass  # a read-only cache: the entry stays, and is detected again next time
             return None
         try:
             os.utime(path)
@@ -210,6 +216,17 @@ class DiskCache:
             raise
         self.evict(keep=path)
 
+    def _remove_stale_temporaries(self) -> None:
+        # A writer killed between mkstemp and rename leaves its temporary file: never
+        # read (only *.entry is), but it would hold disk space forever.
+        cutoff = time.time() - STALE_TEMPORARY_S
+        for path in self.directory.glob("??/*.tmp"):
+            try:
+                if path.stat().st_mtime < cutoff:
+                    path.unlink()
+            except OSError:
+                continue
+
     def entries(self) -> list[tuple[float, int, Path]]:
         found = []
         for path in self.directory.glob(f"??/*{ENTRY_SUFFIX}"):
@@ -221,6 +238,7 @@ class DiskCache:
         return sorted(found)
 
     def evict(self, keep: Path | None = None) -> None:
+        self._remove_stale_temporaries()
         entries = self.entries()
         total = sum(size for _, size, _ in entries)
         for _, size, path in entries:
@@ -296,7 +314,7 @@ class CompileCache:
                     log.warning("tori: shared compile cache entry %s is corrupted (%s); recompiling", key, error)
                     counters.cache_corrupt += 1
                 else:
-                    self.local.put(key, entry)
+                    self._put_local(key, entry)
         if vmfbs is None:
             counters.cache_misses += 1
         else:
@@ -305,12 +323,16 @@ class CompileCache:
 
     def put(self, key: str, vmfbs: Mapping[Target, bytes], meta: Mapping | None = None) -> None:
         entry = encode_entry(key, vmfbs, meta)
+        self._put_local(key, entry)
+        if self.shared is not None:
+            self.shared.put(key, entry)
+
+    def _put_local(self, key: str, entry: bytes) -> None:
+        # A read-only or full cache directory costs the next process a compile, never this one its result.
         try:
             self.local.put(key, entry)
         except OSError as error:
             log.warning("tori: could not write the compile cache in %s: %s", self.local.directory, error)
-        if self.shared is not None:
-            self.shared.put(key, entry)
 
 
 _caches: dict[tuple, CompileCache] = {}
