@@ -17,7 +17,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.exc import BackendCompilerFailed, RestartAnalysis, SkipFrame
 
 from tori.config import Fallback, Options
-from tori.errors import CompileError, OptionsError, ToriError, through_dynamo
+from tori.errors import CompileError, OptionsError, ToriError, ToriRuntimeError, through_dynamo
 from tori.frontend.compile_graph import compile_graph
 from tori.frontend.constant_origins import ORIGIN, AssumedConstant, assumed_constants
 from tori.frontend.decompositions import decomposition_table
@@ -127,7 +127,7 @@ def _aot_compiler(record: CompileRecord, kind: str, constants: list[AssumedConst
             graph.error = error
             return _fall_back(error, gm, record.options, boxed=True)
         counters.compiled_graphs += 1
-        return _boxed(specialize(compiled, gm, record.options, graph, static_args))
+        return _boxed(specialize(compiled, gm, record.options, graph, static_args), gm, record.options, graph.name)
 
     return compile_aot_graph
 
@@ -140,11 +140,27 @@ def _static_inputs(kind: str) -> frozenset[int]:
     return frozenset(context.fw_metadata.static_input_indices)
 
 
-def _boxed(compiled) -> Callable:
+def _boxed(compiled, gm: torch.fx.GraphModule, options: Options, name: str) -> Callable:
     # A plain function: Dynamo wraps backward graphs in `disable`, which keeps a
     # function's attributes (here `_boxed_call`) but not an object's class attributes.
-    def run_compiled(args):
-        return compiled(args)
+    if options.fallback is Fallback.ERROR:
+        def run_compiled(args):
+            return compiled(args)
+    else:
+        warned = []
+
+        def run_compiled(args):
+            try:
+                return compiled(args)
+            except ToriRuntimeError as error:
+                # With fallback 'eager' a call IREE's runtime refuses runs in eager PyTorch
+                # (counted); the next call tries the compiled module again.
+                if not warned:
+                    warned.append(True)
+                    log.warning("tori: a call of graph %s runs in eager PyTorch (IREE's runtime failed: %s)",
+                                name, str(error).splitlines()[0])
+                counters.fallback_calls += 1
+                return gm(*args)
 
     run_compiled._boxed_call = True
     run_compiled.compiled_graph = compiled
