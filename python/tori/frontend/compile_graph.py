@@ -44,6 +44,7 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
     module = None
     invocation = None
     try:
+        check_element_types(gm, record.name)
         module, signature = import_graph(gm, graph_name=record.name)
         record.stages[Stage.TORCH] = str(module)
         if options.pipeline:
@@ -92,3 +93,16 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
     log.debug("compiled %s (%s) in %.2f s", record.name, record.kind, record.compile_seconds)
     return compiled
 
+
+def check_element_types(gm: torch.fx.GraphModule, graph: str) -> None:
+    """Refuse complex and quantized tensors before Torch-MLIR and IREE see them:
+    IREE's torch input lowering has no complex types (it fails naming an unrelated
+    op) and quantized tensors have no lowering at all."""
+    for node in gm.graph.nodes:
+        value = node.meta.get("val")
+        for tensor in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(tensor, torch.Tensor) and (tensor.is_complex() or tensor.is_quantized):
+                op = f"aten {getattr(node.target, '__name__', node.target)}" if node.op == "call_function" else None
+                raise CompileError(f"{tensor.dtype} tensors are not supported by tori (value '{node.name}'); "
+                                   "complex and quantized dtypes have no lowering to IREE",
+                                   stage=Stage.TORCH.value, graph=graph, op=op)
