@@ -61,8 +61,13 @@ def compile(model: Callable | None = None, *, target: Target | str | None = None
     here, before the first call, so a typo fails where it is written. `guard_filter_fn`
     in options goes to Dynamo, as with torch.compile.
     """
+    if model is not None and not callable(model):
+        raise OptionsError("model", model, [], message=f"tori.compile takes a callable (a function or an "
+                                                         f"nn.Module), not {type(model).__name__} {model!r}")
     backend = torch_compile_kwargs.pop("backend", BACKEND)
     if backend == BACKEND:
+        if options is not None and not isinstance(options, dict):
+            Options.from_mapping(options)  # raises: options must be a dict
         merged = dict(options or {})
         if target is not None:
             merged["target"] = target

@@ -99,6 +99,10 @@ class Options:
         """Validate user options (e.g. `torch.compile(..., options={...})`) over a base,
         by default the current `tori.compiler.config`."""
         base = base if base is not None else config.options()
+        if options is not None and not isinstance(options, Mapping):
+            raise OptionsError("options", options, ["a dict of tori options, e.g. {'fallback': 'error'}"],
+                               message=f"options must be a dict of tori options, not {type(options).__name__} "
+                                       f"{options!r}; e.g. options={{'fallback': 'error'}}")
         if not options:
             return base
         unknown = sorted(set(options) - set(cls.names()))

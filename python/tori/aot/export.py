@@ -99,7 +99,10 @@ def export(model: Any, args: tuple | None = None, kwargs: Mapping[str, Any] | No
     `options` are tori options (pipeline, cpu, vulkan_target, iree_flags, ...).
     Returns the artifact's path.
     """
-    opts = Options.from_mapping(dict(options or {}))
+    if not isinstance(output_dir, (str, os.PathLike)):
+        raise OptionsError("output_dir", output_dir, ["a folder path (str or os.PathLike)"],
+                           message=f"output_dir must be a folder path, not {type(output_dir).__name__} {output_dir!r}")
+    opts = Options.from_mapping(options)
     target_list = _targets(targets)
     check_compiled_in(target_list)
     entries = _entry_points(model, args, kwargs, dynamic_shapes, entry_points)
@@ -131,6 +134,12 @@ def export(model: Any, args: tuple | None = None, kwargs: Mapping[str, Any] | No
 
 
 def _targets(targets: Any) -> tuple[Target, ...]:
+    if isinstance(targets, Target):
+        targets = (targets,)
+    if not isinstance(targets, (str, list, tuple)):
+        raise OptionsError("targets", targets, [t.value for t in Target],
+                           message=f"targets must be a target name or a list of them ({', '.join(t.value for t in Target)}), "
+                                   f"not {type(targets).__name__} {targets!r}")
     values = targets.replace(",", " ").split() if isinstance(targets, str) else list(targets)
     if not values:
         raise OptionsError("target", "(none)", [t.value for t in Target], hint="export needs at least one target")

@@ -323,6 +323,11 @@ class Artifact:
 def load(path: Path | str, device: str = "cpu") -> Artifact:
     """Load the artifact folder `path` on `device`: a target it was exported for
     ("cpu", "vulkan", ...) or an IREE driver of one ("local-task", ...)."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise ArtifactError(f"tori.runtime.load takes the path of an artifact folder, not {type(path).__name__} {path!r}")
+    if not isinstance(device, str):
+        raise ArtifactError(f"device must be a target or driver name such as 'cpu' or 'local-task', not "
+                            f"{type(device).__name__} {device!r}", path=path)
     return Artifact(path, device)
 
 
