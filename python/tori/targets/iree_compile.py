@@ -89,7 +89,7 @@ def run_iree_compile(bytecode: bytes, invocation: IreeInvocation, *, graph: str,
     try:
         done = subprocess.run(invocation.command(), input=bytecode, capture_output=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        raise CompileError(f"iree-compile did not finish within {timeout_s:.0f} s", stage=Stage.IREE.value, graph=graph) from None
+        raise CompileError(f"iree-compile did not finish within {timeout_s:g} s (killed)", stage=Stage.IREE.value, graph=graph) from None
     if done.returncode != 0:
         stderr = done.stderr.decode(errors="replace")
         reason, op, loc = summarize_diagnostics(stderr)
