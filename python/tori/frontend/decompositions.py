@@ -8,6 +8,8 @@ and one decorator each, cover ops that Torch-MLIR imports but IREE lowers wrongl
 from __future__ import annotations
 
 import functools
+import math
+import threading
 from typing import Callable
 
 import torch
@@ -165,3 +167,49 @@ def nan_keeping_clamp(op, x, low=None, high=None):
 def nan_keeping_hardtanh(op, x, min_val=-1.0, max_val=1.0):
     """hardtanh (and relu6) are clamps: NaN stays NaN, as in eager."""
     return nan_keeping_clamp(aten.clamp.default, x, min_val, max_val)
+
+
+_IN_ATAN2 = threading.local()
+
+
+@register_decomposition(aten.atan2.default)
+def atan2_of_infinities_and_zeros(op, y, x):
+    """IREE's atan2 is NaN where both operands are infinite or both zero, and ignores
+    the sign of y where y is zero or x infinite (atan2(-0.0, -1.0) and atan2(-1.0, -inf)
+    gave +π); found by the fuzzer. Eager gives atan2 of the signs for two infinities,
+    and ±0 or ±π (by the signs of y and x) for a zero y or an infinite x."""
+    if getattr(_IN_ATAN2, "active", False):
+        return NotImplemented  # the atan2 below: the op itself
+    dtype = torch.result_type(y, x)
+    if not dtype.is_floating_point:
+        return NotImplemented
+    y, x = y.to(dtype), x.to(dtype)
+    both = torch.isinf(y) & torch.isinf(x)
+    _IN_ATAN2.active = True
+    try:
+        result = op(torch.where(both, torch.sign(y), y), torch.where(both, torch.sign(x), x))
+    finally:
+        _IN_ATAN2.active = False
+    # signbit and copysign themselves do not compile in IREE (a torch.constant.int is left).
+    on_axis = torch.where(_sign_bit(x), torch.full_like(x, math.pi), torch.zeros_like(x))
+    on_x_axis = ((y == 0) | (torch.isinf(x) & _finite(y))) & ~torch.isnan(x)
+    return torch.where(on_x_axis, torch.where(_sign_bit(y), -on_axis, on_axis), result)
+
+
+def _sign_bit(t):
+    # -0.0 is told from 0.0 by the sign of its reciprocal.
+    return (t < 0) | ((t == 0) & (torch.reciprocal(t) < 0))
+
+
+def _finite(t):
+    # An ordered comparison: false for NaN as for infinities.
+    return torch.abs(t) < math.inf
+
+
+@register_decomposition(aten.eq.Tensor, aten.le.Tensor, aten.ge.Tensor)
+def self_comparison(op, a, b):
+    """`x == x` (also <=, >=) compiled to true even where x is NaN (found by the
+    fuzzer through isfinite, which eager composes from x == x); eager's is false there."""
+    if a is not b or not a.dtype.is_floating_point:
+        return NotImplemented
+    return ~torch.isnan(a)

@@ -2,7 +2,8 @@
 (fallback='error', fullgraph), compare every output, and classify each program.
 
 Several programs are compiled as one function; when that batch does not compile
-or disagrees, the programs concerned are checked one by one to isolate them.
+it is halved until the failing programs are alone, and a program that disagrees
+is checked alone.
 """
 
 from __future__ import annotations
@@ -155,9 +156,10 @@ def _check_group(programs, indices, expected, outcomes, summary) -> None:
     group = [programs[i] for i in indices]
     actual, error = _compiled(group, summary)
     if error is not None:
-        if len(indices) > 1:
-            for i in indices:
-                _check_group(programs, [i], expected, outcomes, summary)
+        if len(indices) > 1:  # halve until the programs that fail are alone
+            half = len(indices) // 2
+            _check_group(programs, indices[:half], expected, outcomes, summary)
+            _check_group(programs, indices[half:], expected, outcomes, summary)
             return
         i = indices[0]
         if isinstance(error, CompileError):

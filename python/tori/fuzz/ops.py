@@ -108,8 +108,7 @@ def _scalar(draw, a):
 _BINARY = ["torch.add", "torch.sub", "torch.mul", "torch.div", "torch.maximum", "torch.minimum", "torch.eq",
            "torch.ne", "torch.lt", "torch.le", "torch.gt", "torch.ge", "torch.logical_and", "torch.logical_or",
            "torch.logical_xor"]
-# torch.atan2 is left out: IREE gives NaN for atan2(±inf, ±inf) (docs/limitations.md).
-_FLOAT_BINARY = ["torch.fmod", "torch.remainder", "torch.floor_divide", "torch.copysign",
+_FLOAT_BINARY = ["torch.atan2", "torch.fmod", "torch.remainder", "torch.floor_divide", "torch.copysign",
                  "torch.pow", "torch.hypot"]
 _INTEGER_BINARY = ["torch.bitwise_and", "torch.bitwise_or", "torch.bitwise_xor"]
 
