@@ -13,8 +13,8 @@ from tori.fuzz.check import Summary, Verdict, check, mismatch
 from tori.fuzz.program import InputSpec, Node, Program
 from tori.fuzz.strategies import batches
 
-# 60 batches of up to 8 programs: about 300 programs in one to two minutes on 2 cores.
-BATCHES = int(os.environ.get("TORI_FUZZ_BATCHES", "60"))
+# 40 batches of up to 8 programs: about 200 programs in about a minute on 2 cores.
+BATCHES = int(os.environ.get("TORI_FUZZ_BATCHES", "40"))
 SEED = int(os.environ.get("TORI_FUZZ_SEED", "20261129"))
 
 summary = Summary()

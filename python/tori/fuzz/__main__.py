@@ -44,10 +44,11 @@ def main(argv: list[str] | None = None) -> int:
         try:
             run()
         except AssertionError as error:
-            shrunk.append((value, str(error)))
+            shrunk.append(value)
+            print(f"\n=== seed {value}: minimal failing program ===\n{error}\n", flush=True)
         print(f"seed {value}: {summary.line()}", flush=True)
-    for value, text in shrunk:
-        print(f"\n=== seed {value}: minimal failing program ===\n{text}")
+    if shrunk:
+        print(f"\nseeds with a failure (shrunk programs above): {shrunk}")
     print(f"\nsummary: {summary.line()}")
     if summary.refusals:
         print("refused, by reason:")

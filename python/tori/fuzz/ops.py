@@ -45,7 +45,9 @@ def _dim(draw, t: torch.Tensor) -> int | None:
 
 # --- elementwise, unary -----------------------------------------------------
 
-_FLOAT_UNARY = ["torch.exp", "torch.log", "torch.sqrt", "torch.rsqrt", "torch.sin", "torch.cos", "torch.tanh",
+# torch.sin and torch.cos are left out: IREE's lose accuracy for arguments in the
+# thousands (docs/limitations.md), and the generator's values reach 1e4.
+_FLOAT_UNARY = ["torch.exp", "torch.log", "torch.sqrt", "torch.rsqrt", "torch.tanh",
                 "torch.sigmoid", "torch.reciprocal", "torch.floor", "torch.ceil", "torch.round", "torch.trunc",
                 "torch.expm1", "torch.log1p", "torch.erf", "torch.atan", "torch.nan_to_num", "F.gelu", "F.silu",
                 "F.softplus", "torch.isnan", "torch.isinf", "torch.isfinite", "torch.signbit"]
