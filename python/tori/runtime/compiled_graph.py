@@ -123,13 +123,22 @@ class CompiledGraph:
         # A parameter is the same tensor call after call: its imported buffer is reused
         # until the tensor, its storage or its version (any in-place update) changes.
         slot = self._static_slots[i]
-        if slot is not None and slot[0] is value and slot[1] == value._version and slot[2] == value.data_ptr() \
-                and slot[3] is device:
+        if _current(slot, value, device):
             return slot[4], slot[5]
         imported, address = _importable(value)
         buffer = device.from_dlpack_capsule(to_dlpack(imported))
         self._static_slots[i] = (value, value._version, value.data_ptr(), device, buffer, address)
         return buffer, address
+
+    def _invoke(self, module: LoadedModule, packed):
+        try:
+            return module.invoke(packed, self._num_results)
+        except (ValueError, RuntimeError, IndexError) as error:
+            raise ToriRuntimeError(
+                f"compiled graph '{self.name}' failed on IREE's {module.driver} driver: {error}. "
+                "If guards were filtered (guard_filter_fn), inputs may no longer match the shapes it was "
+                "compiled for; otherwise compile with options={'fallback': 'error'} and report it."
+            ) from error
 
     def _run(self, module: LoadedModule, args):
         if self._staged:
@@ -156,14 +165,7 @@ class CompiledGraph:
                 packed.push_int(int(value))
             else:
                 packed.push_float(float(value))
-        try:
-            results = module.invoke(packed, self._num_results)
-        except (ValueError, RuntimeError) as error:
-            raise ToriRuntimeError(
-                f"compiled graph '{self.name}' failed on IREE's {module.driver} driver: {error}. "
-                "If guards were filtered (guard_filter_fn), inputs may no longer match the shapes it was "
-                "compiled for; otherwise compile with options={'fallback': 'error'} and report it."
-            ) from error
+        results = self._invoke(module, packed)
         export_tensor = module.device.create_dlpack_capsule
         outputs = []
         for index, value, dtype in self._results:
@@ -192,8 +194,7 @@ class CompiledGraph:
             elif kind is ArgKind.STATIC_TENSOR:
                 # Parameters are copied to the device once, again only when they change.
                 slot = self._static_slots[i]
-                if slot is None or slot[0] is not value or slot[1] != value._version or slot[2] != value.data_ptr() \
-                        or slot[3] is not device:
+                if not _current(slot, value, device):
                     slot = (value, value._version, value.data_ptr(), device, transfer.upload(device, value), None)
                     self._static_slots[i] = slot
                 packed.push_ref(slot[4])
@@ -201,10 +202,7 @@ class CompiledGraph:
                 packed.push_int(int(value))
             else:
                 packed.push_float(float(value))
-        try:
-            results = module.invoke(packed, self._num_results)
-        except (ValueError, RuntimeError, IndexError) as error:
-            raise ToriRuntimeError(f"compiled graph '{self.name}' failed on IREE's {module.driver} driver: {error}") from error
+        results = self._invoke(module, packed)
         outputs = []
         for index, value, dtype in self._results:
             if index is None:
@@ -214,6 +212,13 @@ class CompiledGraph:
             else:
                 outputs.append(transfer.download(device, results.get_as_object(index, rt.HalBufferView), dtype))
         return outputs
+
+
+def _current(slot, value: torch.Tensor, device) -> bool:
+    """Whether a parameter's cached buffer still holds `value`: the same tensor, storage
+    and version (any in-place update bumps it), on the same device."""
+    return slot is not None and slot[0] is value and slot[1] == value._version \
+        and slot[2] == value.data_ptr() and slot[3] is device
 
 
 def _importable(value: torch.Tensor) -> tuple[torch.Tensor, int]:
