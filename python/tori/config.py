@@ -57,6 +57,10 @@ class Options:
     vulkan_target: str = SPECS[Target.VULKAN].default_arch
     rocm_chip: str = SPECS[Target.ROCM].default_arch
     fallback: Fallback = Fallback.EAGER
+    # With fallback 'eager': a graph that fails on a few ops is split around them; the
+    # rest compiles in parts, those ops run eagerly (frontend/partition.py). Off: the
+    # whole graph runs eagerly.
+    partition: bool = True
     driver: Driver = Driver.AUTO
     # LLVM CPU name for llvm-cpu; "host" is resolved to the actual CPU of this machine.
     cpu: str = "host"
@@ -149,7 +153,7 @@ def _coerce(name: str, value: Any) -> Any:
         return None if value is None else Path(value)
     if name == "cache_dir":
         return Path(value).expanduser()
-    if name in ("dump_iree_phases", "dump_large_constants", "cache"):
+    if name in ("dump_iree_phases", "dump_large_constants", "cache", "partition"):
         return _flag(name, value)
     if name == "cache_max_bytes":
         return _size(name, value)
@@ -212,6 +216,7 @@ ENVIRONMENT = {
     "TORI_VULKAN_TARGET": "vulkan_target",
     "TORI_ROCM_CHIP": "rocm_chip",
     "TORI_FALLBACK": "fallback",
+    "TORI_PARTITION": "partition",
     "TORI_DRIVER": "driver",
     "TORI_CPU": "cpu",
     "TORI_IREE_FLAGS": "iree_flags",

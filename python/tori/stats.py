@@ -13,6 +13,12 @@ class Counters:
     fallback_graphs: int = 0  # AOT or Dynamo graphs that run in eager PyTorch instead
     compiled_calls: int = 0  # calls served by an IREE module
     fallback_calls: int = 0  # calls served by eager PyTorch after a fallback
+    # Partial fallback (frontend/partition.py): AOT graphs split around ops that do not
+    # compile, counted apart from whole graphs (neither compiled_graphs nor fallback_graphs).
+    partitioned_graphs: int = 0  # AOT graphs that run split: compiled parts and eager ops
+    compiled_parts: int = 0  # parts of partitioned graphs compiled to a vmfb
+    eager_ops: int = 0  # ops of partitioned graphs that run in eager PyTorch
+    partitioned_calls: int = 0  # calls served by a partitioned graph (its parts count compiled_calls)
     shape_variants: int = 0  # static-shape variants compiled for graphs with dynamic shapes
     iree_compiles: int = 0  # iree-compile runs (a compile cache hit makes none)
     cache_hits: int = 0  # graphs whose modules came from the compile cache

@@ -21,6 +21,7 @@ from tori.errors import CompileError, OptionsError, ToriError, ToriRuntimeError,
 from tori.frontend.compile_graph import compile_graph
 from tori.frontend.constant_origins import ORIGIN, AssumedConstant, assumed_constants
 from tori.frontend.decompositions import decomposition_table
+from tori.frontend.partition import compile_partitioned
 from tori.frontend.records import CompileRecord, GraphRecord, new_record
 from tori.frontend.repro import write_repro
 from tori.frontend.shape_variants import specialize
@@ -125,6 +126,10 @@ def _aot_compiler(record: CompileRecord, kind: str, constants: list[AssumedConst
             compiled = compile_graph(gm, record.options, graph, static_args)
         except CompileError as error:
             graph.error = error
+            if record.options.fallback is Fallback.EAGER and record.options.partition:
+                partitioned = compile_partitioned(gm, record.options, graph, static_args, error)
+                if partitioned is not None:
+                    return partitioned
             return _fall_back(error, gm, record.options, boxed=True)
         counters.compiled_graphs += 1
         return _boxed(specialize(compiled, gm, record.options, graph, static_args), gm, record.options, graph.name)

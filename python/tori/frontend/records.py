@@ -29,6 +29,10 @@ class GraphRecord:
     # in the order they were compiled; a variant's `sizes` are the input sizes it serves.
     variants: list["GraphRecord"] = field(default_factory=list)
     sizes: tuple | None = None
+    # Partial fallback (frontend/partition.py): the compiled parts of a graph that runs
+    # split, in order of execution, and the ops that run in eager PyTorch between them.
+    parts: list["GraphRecord"] = field(default_factory=list)
+    eager_ops: tuple[str, ...] = ()
     # For dumps and reports: the Dynamo graph's code, its guards as "source: guard"
     # lines, and the module handed to iree-compile (kept only when dumping or reporting).
     dynamo_code: str = ""
@@ -37,7 +41,12 @@ class GraphRecord:
 
     @property
     def fell_back(self) -> bool:
+        """Not compiled as a whole: ran eagerly, or partitioned."""
         return self.compiled is None
+
+    @property
+    def partitioned(self) -> bool:
+        return bool(self.parts)
 
 
 @dataclass

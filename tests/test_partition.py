@@ -1,0 +1,171 @@
+"""Partial fallback: a graph with ops tori cannot compile runs split around them, its
+other regions compiled by IREE, those ops in eager PyTorch (frontend/partition.py).
+
+The unsupported ops are real: ATen ops that neither Torch-MLIR nor IREE lower
+(special_i1e, digamma, cummax), and a custom op defined with torch.library whose
+CPU implementation counts its calls, which proves that it ran in eager PyTorch.
+"""
+
+import pytest
+import torch
+
+import tori
+from tori.errors import CompileError
+from tori.frontend.partition import nodes_of_op
+from tori.testing import count_graphs
+
+_eager_calls = []
+
+
+@torch.library.custom_op("tori_test::soft_clip", mutates_args=())
+def soft_clip(x: torch.Tensor) -> torch.Tensor:
+    _eager_calls.append(tuple(x.shape))
+    return torch.tanh(x) * 2
+
+
+@soft_clip.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+class Sandwich(torch.nn.Module):
+    """linear -> an op tori cannot compile -> linear -> relu."""
+
+    def __init__(self, middle, features=8):
+        super().__init__()
+        self.first = torch.nn.Linear(features, 16)
+        self.second = torch.nn.Linear(16, 4)
+        self.middle = middle
+
+    def forward(self, x):
+        return torch.relu(self.second(self.middle(self.first(x))))
+
+
+def test_custom_op_between_linears_runs_in_two_compiled_parts():
+    model = Sandwich(soft_clip)
+    x = torch.randn(3, 8)
+    with torch.no_grad():
+        expected = model(x)
+        compiled = torch.compile(model, backend="tori")
+        _eager_calls.clear()
+        with count_graphs() as count:
+            for _ in range(3):
+                torch.testing.assert_close(compiled(x), expected)
+    assert count.partitioned_graphs == 1 and count.compiled_parts == 2 and count.eager_ops == 1, count.delta
+    assert count.compiled_graphs == 0 and count.fallback_graphs == 0 and count.fallback_calls == 0, count.delta
+    # Every call ran both parts in IREE and the custom op in eager PyTorch.
+    assert count.partitioned_calls == 3 and count.compiled_calls == 6, count.delta
+    assert _eager_calls == [(3, 16)] * 3
+    graph = tori.last_compile().graph("inference")
+    assert graph.partitioned and graph.fell_back
+    assert [part.name for part in graph.parts] == [f"{graph.name}_part0", f"{graph.name}_part1"]
+    assert all(part.compiled is not None for part in graph.parts)
+    assert graph.eager_ops == ("tori_test.soft_clip.default",)
+    assert graph.error.op == "torch.tori_test.soft_clip"
+
+
+def test_training_through_partitioned_graphs_matches_eager():
+    # special_i1e has no lowering, nor has its derivative's special_i0e: forward and
+    # backward both run split. BatchNorm's running statistics are updated in place
+    # (copy_ into inputs), which must stay eager and in order.
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16),
+                                Lambda(torch.special.i1e), torch.nn.Linear(16, 4))
+    reference = _copy(model)
+    x = torch.randn(6, 8)
+    compiled = torch.compile(model, backend="tori")
+    with count_graphs() as count:
+        for _ in range(2):
+            compiled(x).square().sum().backward()
+            reference(x).square().sum().backward()
+    for (name, actual), expected in zip(model.named_parameters(), reference.parameters()):
+        torch.testing.assert_close(actual.grad, expected.grad, msg=name)
+    torch.testing.assert_close(model[1].running_mean, reference[1].running_mean)
+    torch.testing.assert_close(model[1].running_var, reference[1].running_var)
+    assert count.partitioned_graphs == 2 and count.fallback_graphs == 0, count.delta
+    assert count.partitioned_calls == 4 and count.compiled_calls >= 8, count.delta
+    record = tori.last_compile()
+    assert "aten.special_i1e.default" in record.forward.eager_ops
+    assert "aten.special_i0e.default" in record.backward.eager_ops
+
+
+def test_each_failing_op_found_in_turn():
+    # Two unsupported ops: the first round splits around the one iree-compile names
+    # first, a part then fails on the other, and the second round splits around both.
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), Lambda(torch.special.i1e), torch.nn.Linear(16, 16),
+                                Lambda(lambda t: torch.digamma(t.abs() + 1)), torch.nn.Linear(16, 4))
+    x = torch.randn(3, 8)
+    with torch.no_grad(), count_graphs() as count:
+        torch.testing.assert_close(torch.compile(model, backend="tori")(x), model(x))
+    assert count.partitioned_graphs == 1 and count.compiled_parts == 3 and count.fallback_graphs == 0, count.delta
+    assert {"aten.special_i1e.default", "aten.digamma.default"} <= set(tori.last_compile().forward.eager_ops)
+
+
+def test_multi_output_op_with_dynamic_shapes():
+    # cummax returns (values, indices): its getitems stay eager with it; the parts take
+    # the batch size as a symbolic size and serve every batch without recompiling.
+    model = Sandwich(Lambda(lambda t: torch.cummax(t, dim=1).values))
+    compiled = torch.compile(model, backend="tori", dynamic=True)
+    with torch.no_grad(), count_graphs() as count:
+        for batch in (3, 5, 7):
+            x = torch.randn(batch, 8)
+            torch.testing.assert_close(compiled(x), model(x))
+    assert count.partitioned_graphs == 1 and count.compiled_parts == 2, count.delta
+    assert count.partitioned_calls == 3 and count.compiled_calls == 6, count.delta
+    assert "aten.cummax.default" in tori.last_compile().forward.eager_ops
+
+
+def test_fallback_error_still_raises():
+    model = Sandwich(soft_clip)
+    with torch.no_grad(), count_graphs() as count, pytest.raises(CompileError, match="soft_clip"):
+        torch.compile(model, backend="tori", options={"fallback": "error"})(torch.randn(3, 8))
+    assert count.partitioned_graphs == 0 and count.compiled_parts == 0, count.delta
+
+
+def test_partition_off_runs_the_whole_graph_eagerly():
+    model = Sandwich(soft_clip)
+    x = torch.randn(3, 8)
+    with torch.no_grad(), count_graphs() as count:
+        torch.testing.assert_close(torch.compile(model, backend="tori", options={"partition": False})(x), model(x))
+    assert count.fallback_graphs == 1 and count.partitioned_graphs == 0 and count.compiled_parts == 0, count.delta
+
+
+def test_unattributable_failure_falls_back_whole():
+    # A failure naming no op of the graph cannot be split around.
+    graph = torch.fx.symbolic_trace(lambda x: torch.relu(x) + 1)
+    assert nodes_of_op(graph, None) == []
+    assert nodes_of_op(graph, "torch.prim.ListConstruct") == []
+
+
+@pytest.mark.parametrize("op, expected", [
+    ("torch.aten.median.dim", ["median_dim"]),  # iree-compile's name of the op
+    ("aten.median.dim", ["median_dim"]),  # the importer's
+    ("aten median.dim", ["median_dim"]),
+    ("torch.ops.aten.median.dim", ["median_dim"]),
+    ("torch.aten.median", ["median_default"]),  # Torch-MLIR leaves out ".default"
+    ("torch.aten.median.out", ["median_dim", "median_default"]),  # no node of it: every overload
+    ("torch.aten.mode", []),
+])
+def test_op_names_from_errors_map_to_nodes(op, expected):
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    by_dim = graph.call_function(torch.ops.aten.median.dim, (x, 0))
+    by_dim.name = "median_dim"
+    whole = graph.call_function(torch.ops.aten.median.default, (x,))
+    whole.name = "median_default"
+    graph.output((by_dim, whole))
+    assert [node.name for node in nodes_of_op(torch.fx.GraphModule({}, graph), op)] == expected
+
+
+class Lambda(torch.nn.Module):
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, x):
+        return self.fn(x)
+
+
+def _copy(module):
+    import copy
+
+    return copy.deepcopy(module)
