@@ -10,9 +10,11 @@ import pytest
 import torch
 
 import tori
-from tori.errors import CompileError
+from tori.config import Options, from_environment
+from tori.errors import CompileError, OptionsError
 from tori.frontend.partition import nodes_of_op
 from tori.testing import count_graphs
+from tori.tools.report import render
 
 _eager_calls = []
 
@@ -62,6 +64,11 @@ def test_custom_op_between_linears_runs_in_two_compiled_parts():
     assert all(part.compiled is not None for part in graph.parts)
     assert graph.eager_ops == ("tori_test.soft_clip.default",)
     assert graph.error.op == "torch.tori_test.soft_clip"
+    # The compile summary and the report say how the graph runs.
+    assert graph.status == "partitioned: 2 compiled part(s), 1 op(s) in eager PyTorch (tori_test.soft_clip.default)"
+    page = render([tori.last_compile()])
+    assert "1 partitioned, 0 fell back" in page and graph.status in page
+    assert all(f'id="{part.name}"' in page for part in graph.parts)
 
 
 def test_training_through_partitioned_graphs_matches_eager():
@@ -100,6 +107,29 @@ def test_each_failing_op_found_in_turn():
     assert {"aten.special_i1e.default", "aten.digamma.default"} <= set(tori.last_compile().forward.eager_ops)
 
 
+def test_complex_values_stay_eager_and_parts_keep_their_constants():
+    # The fft's complex result is refused by tori: the fft and the abs of its result run
+    # eagerly. The constant of assume_constant_result is read inside the part that
+    # uses it, as a literal, not passed in.
+    linear = torch.nn.Linear(8, 8)
+
+    def spectrum(x):
+        return linear(torch.fft.fft(linear(x) + _table()).abs())
+
+    x = torch.randn(3, 8)
+    with torch.no_grad(), count_graphs() as count:
+        torch.testing.assert_close(torch.compile(spectrum, backend="tori")(x), spectrum(x))
+    assert count.partitioned_graphs == 1 and count.compiled_parts == 2 and count.fallback_graphs == 0, count.delta
+    graph = tori.last_compile().forward
+    assert graph.eager_ops == ("aten._fft_r2c.default", "aten.abs.default")
+    assert "tori.assumed_constant" in graph.parts[0].stages["torch"]
+
+
+@torch.compiler.assume_constant_result
+def _table():
+    return torch.arange(8.0)
+
+
 def test_multi_output_op_with_dynamic_shapes():
     # cummax returns (values, indices): its getitems stay eager with it; the parts take
     # the batch size as a symbolic size and serve every batch without recompiling.
@@ -127,6 +157,13 @@ def test_partition_off_runs_the_whole_graph_eagerly():
     with torch.no_grad(), count_graphs() as count:
         torch.testing.assert_close(torch.compile(model, backend="tori", options={"partition": False})(x), model(x))
     assert count.fallback_graphs == 1 and count.partitioned_graphs == 0 and count.compiled_parts == 0, count.delta
+
+
+def test_partition_option_reads_its_environment_variable():
+    assert from_environment({"TORI_PARTITION": "0"}).partition is False
+    assert from_environment({}).partition is True
+    with pytest.raises(OptionsError):
+        Options.from_mapping({"partition": "sometimes"})
 
 
 def test_unattributable_failure_falls_back_whole():

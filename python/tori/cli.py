@@ -197,7 +197,7 @@ def report_command(model: str, output: Path, pipeline: str | None, iree_flags: s
     click.echo(f"  {len(records)} Dynamo graph(s), {len(facts.graph_breaks)} graph break(s), "
                f"{sum(g.compiled is not None for g in graphs)} of {len(graphs)} AOT graph(s) compiled")
     for graph in graphs:
-        status = "compiled" if graph.compiled is not None else f"fell back: {graph.error.reason.splitlines()[0] if graph.error else '?'}"
+        status = graph.status
         passes = ", ".join(f"{r.step.name} {r.seconds * 1e3:.1f} ms" for r in graph.passes) or "no passes"
         click.echo(f"  {graph.name}: {status}; {passes}")
     for found in facts.graph_breaks:

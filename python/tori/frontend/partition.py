@@ -9,7 +9,9 @@ When `compile_graph` fails with an error naming an op (`error.op`, e.g.
    namespace and overload packet must match; the overload too, when any node has it);
 2. splits a copy of the graph with torch.fx's `CapabilityBasedPartitioner`: every
    other node may go into a part, except ops that mutate their inputs or have side
-   effects (`copy_` into an input, asserts), which always stay eager and in place;
+   effects (`copy_` into an input, asserts), which always stay eager and in place,
+   and ops on complex or quantized tensors, which tori refuses (so `fft(x).abs()`
+   runs eagerly as a whole once the fft has failed);
 3. compiles each part that holds at least MIN_PART_OPS compute ops (views,
    `getitem` and symbolic-size arithmetic do not count) with `compile_graph`, each
    with its own GraphRecord `<graph>_part<i>` (in order of execution); smaller
@@ -138,12 +140,24 @@ def _is_compute(node: torch.fx.Node) -> bool:
                 or target in (torch.sym_sum, torch.sym_max, torch.sym_min, torch.sym_not))
 
 
+def _has_refused_dtype(node: torch.fx.Node) -> bool:
+    """Takes or makes a complex or quantized tensor, which tori refuses at the `torch`
+    stage (compile_graph.check_element_types): such a node can never be in a part."""
+    for value in (node, *node.all_input_nodes):
+        meta = value.meta.get("val")
+        for tensor in meta if isinstance(meta, (list, tuple)) else (meta,):
+            if isinstance(tensor, torch.Tensor) and (tensor.is_complex() or tensor.is_quantized):
+                return True
+    return False
+
+
 class _Supported(OperatorSupportBase):
     def __init__(self, eager: set[str]):
         self.eager = eager
 
     def is_node_supported(self, submodules, node: torch.fx.Node) -> bool:
-        return node.op == "call_function" and node.name not in self.eager and not _has_side_effects(node)
+        return (node.op == "call_function" and node.name not in self.eager
+                and not _has_side_effects(node) and not _has_refused_dtype(node))
 
 
 class CompiledPart(torch.nn.Module):

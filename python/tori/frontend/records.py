@@ -48,6 +48,17 @@ class GraphRecord:
     def partitioned(self) -> bool:
         return bool(self.parts)
 
+    @property
+    def status(self) -> str:
+        """One line on how the graph runs, for reports and summaries."""
+        if self.compiled is not None:
+            return "compiled"
+        if self.partitioned:
+            ops = ", ".join(sorted(set(self.eager_ops)))
+            return (f"partitioned: {len(self.parts)} compiled part(s), {len(self.eager_ops)} op(s) "
+                    f"in eager PyTorch ({ops})")
+        return f"fell back: {self.error.reason.splitlines()[0] if self.error else 'not compiled'}"
+
 
 @dataclass
 class CompileRecord:

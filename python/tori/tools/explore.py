@@ -118,9 +118,13 @@ def _prepare(model: Callable, inputs: tuple, expected: Any, variant: Variant,
         outcome.error = f"{type(error).__name__}: {error}".splitlines()[0][:300]
         return None, outcome
     records = [r for r in compile_records() if r.name not in seen]
-    failures = [g.error for r in records for g in r.graphs if g.error] + [r.error for r in records if r.error]
+    failures = [g.error for r in records for g in r.graphs if g.error and not g.partitioned] + [
+        r.error for r in records if r.error]
+    partitioned = [g.status for r in records for g in r.graphs if g.partitioned]
     if failures or not records:
         outcome.fell_back = failures[0].reason.splitlines()[0] if failures else "nothing was compiled"
+    elif partitioned:
+        outcome.fell_back = partitioned[0]
     try:
         outcome.dispatches = _dispatches(records, options)
     except Exception as error:  # noqa: BLE001

@@ -130,8 +130,14 @@ def _diffs(texts: list[tuple[str, str, str]]) -> str:
 
 
 def _graph_section(graph: GraphRecord, options: Options, formatter: HtmlFormatter) -> str:
+    parts = ""
     if graph.compiled is not None:
         status = '<span class="status compiled">ran compiled</span>'
+    elif graph.partitioned:
+        error = graph.error
+        why = f" after stage {error.stage}{', op ' + error.op if error.op else ''}" if error is not None else ""
+        status = f'<span class="status partitioned">{html.escape(graph.status + why)}</span>'
+        parts = "".join(_graph_section(part, options, formatter) for part in graph.parts)
     else:
         error = graph.error
         why = html.escape(error.reason.splitlines()[0]) if error is not None else "not compiled"
@@ -156,7 +162,7 @@ def _graph_section(graph: GraphRecord, options: Options, formatter: HtmlFormatte
     return (f'<section class="aot-graph" id="{html.escape(graph.name)}" data-dispatches="{dispatches if dispatches is not None else ""}">'
             f"<h3>{html.escape(graph.name)} {status}</h3><table class=\"facts\">{rows}</table>"
             f"<h4>Pass timings</h4>{_pass_chart(graph)}"
-            f"<h4>Stages</h4>{stages}<h4>Diffs between consecutive MLIR stages</h4>{_diffs(texts)}</section>")
+            f"<h4>Stages</h4>{stages}<h4>Diffs between consecutive MLIR stages</h4>{_diffs(texts)}{parts}</section>")
 
 
 def _record_section(record: CompileRecord, formatter: HtmlFormatter) -> str:
@@ -179,6 +185,7 @@ section.aot-graph { margin-left: 1em; }
 details { margin: 0.3em 0; } summary { cursor: pointer; font-family: monospace; }
 .status { font-weight: normal; font-size: 0.9em; padding: 0.1em 0.4em; border-radius: 3px; }
 .status.compiled { background: #d9f2d9; } .status.fell-back { background: #f8d7d7; }
+.status.partitioned { background: #fbeec1; }
 table.facts th { text-align: left; padding-right: 1em; font-weight: normal; color: #555; }
 .highlight pre { font-size: 12px; overflow-x: auto; background: #f8f8f8; padding: 0.5em; }
 svg.pass-chart text { font: 12px monospace; } svg.pass-chart rect.bar { fill: #9ab; }
@@ -218,8 +225,10 @@ def render(records: list[CompileRecord], facts: RunFacts | None = None) -> str:
         for b in facts.graph_breaks)
     graphs = sum(len(r.graphs) for r in records)
     compiled = sum(1 for r in records for g in r.graphs if g.compiled is not None)
+    partitioned = sum(1 for r in records for g in r.graphs if g.partitioned)
     summary = [f"{len(records)} Dynamo graph(s), {graphs} AOT graph(s), {compiled} compiled, "
-               f"{graphs - compiled} fell back; {len(facts.graph_breaks)} graph break(s)"]
+               + (f"{partitioned} partitioned, " if partitioned else "")
+               + f"{graphs - compiled - partitioned} fell back; {len(facts.graph_breaks)} graph break(s)"]
     if facts.correct is not None:
         summary.append(f"output vs eager: {'matches' if facts.correct else 'DIFFERS'} (max error {facts.max_error:.3g})")
     title = f"tori compile report{': ' + facts.model if facts.model else ''}"
