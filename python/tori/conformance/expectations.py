@@ -1,0 +1,75 @@
+"""The committed list of expected failures, keyed by dtype and op name, each with its
+reason, and the verdict on a run: an op off the list that fails, or an op on the list
+that passes, is unexpected (so that the list only shrinks).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections import Counter
+from pathlib import Path
+
+from tori.conformance.opinfo import Outcome, Status
+
+Expected = dict[str, dict[str, str]]  # dtype -> op -> reason
+
+
+def load(path: Path) -> Expected:
+    with open(path, "rb") as file:
+        data = tomllib.load(file)
+    return {dtype: dict(ops) for dtype, ops in data.items()}
+
+
+def unexpected(outcome: Outcome, expected: Expected) -> str | None:
+    """Why `outcome` disagrees with the list, or None when it agrees."""
+    listed = expected.get(outcome.dtype, {}).get(outcome.op)
+    if outcome.status is Status.PASS and listed is not None:
+        return f"{outcome.op} ({outcome.dtype}) passes now: remove it from the expected failures (listed: {listed})"
+    if outcome.status is Status.FAIL and listed is None:
+        return f"{outcome.op} ({outcome.dtype}) fails [{outcome.kind.value}]: {outcome.detail}"
+    return None
+
+
+def _quote(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ") + '"'
+
+
+def write(path: Path, outcomes: list[Outcome], previous: Expected, header: str) -> None:
+    """The list made from `outcomes`' failures; a reason written by hand (one that does
+    not start with the failure's kind) is kept for an op that still fails."""
+    lines = [header.rstrip(), ""]
+    for dtype in sorted({o.dtype for o in outcomes} | set(previous)):
+        failing = sorted((o for o in outcomes if o.dtype == dtype and o.status is Status.FAIL), key=lambda o: o.op)
+        checked = {o.op for o in outcomes if o.dtype == dtype}
+        kept = {op: reason for op, reason in previous.get(dtype, {}).items() if op not in checked}
+        entries = {**kept}
+        for outcome in failing:
+            old = previous.get(dtype, {}).get(outcome.op)
+            generated = f"{outcome.kind.value}: {outcome.detail[:300]}"
+            entries[outcome.op] = old if old and not old.startswith(f"{outcome.kind.value}:") else generated
+        lines.append(f"[{dtype}]")
+        lines += [f"{_quote(op)} = {_quote(reason)}" for op, reason in sorted(entries.items())]
+        lines.append("")
+    path.write_text("\n".join(lines))
+
+
+def summary_table(outcomes: list[Outcome]) -> str:
+    """Markdown: per dtype, ops checked, eager-runnable, passing, and failures by kind."""
+    rows = ["| dtype | ops | eager runs | pass | fail | failures by kind |", "| --- | --- | --- | --- | --- | --- |"]
+    for dtype in sorted({o.dtype for o in outcomes}):
+        mine = [o for o in outcomes if o.dtype == dtype]
+        runs = [o for o in mine if o.status is not Status.SKIP]
+        passed = sum(o.status is Status.PASS for o in runs)
+        kinds = Counter(o.kind.value for o in runs if o.status is Status.FAIL)
+        by_kind = ", ".join(f"{kind} {count}" for kind, count in kinds.most_common())
+        rows.append(f"| {dtype} | {len(mine)} | {len(runs)} | {passed} | {len(runs) - passed} | {by_kind} |")
+    return "\n".join(rows)
+
+
+def failure_table(outcomes: list[Outcome]) -> str:
+    rows = ["| op | dtype | kind | detail |", "| --- | --- | --- | --- |"]
+    for o in sorted(outcomes, key=lambda o: (o.dtype, o.op)):
+        if o.status is Status.FAIL:
+            detail = o.detail.replace("|", "\\|")[:160]
+            rows.append(f"| {o.op} | {o.dtype} | {o.kind.value} | {detail} |")
+    return "\n".join(rows)
