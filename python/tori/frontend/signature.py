@@ -15,6 +15,7 @@ import torch.fx
 class ArgKind(enum.Enum):
     TENSOR = "tensor"
     STATIC_TENSOR = "static tensor"  # a parameter or buffer: the same tensor on every call
+    WRITTEN_TENSOR = "written tensor"  # a tensor IREE may write into: passed as a copy
     INT = "int"
     FLOAT = "float"
 
@@ -39,10 +40,45 @@ def _value(node: Any) -> Any:
     return node.meta.get("val", node.meta.get("example_value")) if isinstance(node, torch.fx.Node) else node
 
 
+# Ops that IREE lowers to operations updating their destination in place (scatter,
+# sort, top-k, scan). When that destination folds to an argument's buffer, IREE
+# writes into the caller's tensor (iree-org/iree#16168): such arguments go as copies.
+_IN_PLACE_IN_IREE = ("scatter", "index_put", "index_add", "index_copy", "index_fill", "index_reduce", "sort",
+                     "topk", "kthvalue", "put", "median", "mode", "unique", "cum")
+
+
+def _updates_in_place(node: torch.fx.Node) -> bool:
+    if node.op != "call_function":
+        return False
+    name = getattr(node.target, "__name__", str(node.target))
+    return any(part in name for part in _IN_PLACE_IN_IREE)
+
+
+def _written(placeholder: torch.fx.Node) -> bool:
+    """Whether `placeholder`'s buffer may become the destination (first operand) of an
+    in-place op: it reaches one through ops whose result has its number of elements (views,
+    copies and elementwise ops, which IREE may fold away)."""
+    val = _value(placeholder)
+    if not isinstance(val, torch.Tensor):
+        return False
+    size = val.numel()
+    seen, stack = set(), [placeholder]
+    while stack:
+        node = stack.pop()
+        for user in node.users:
+            if _updates_in_place(user) and user.args and user.args[0] is node:
+                return True
+            result = _value(user)
+            if user not in seen and isinstance(result, torch.Tensor) and result.numel() == size:
+                seen.add(user)
+                stack.append(user)
+    return False
+
+
 def arg_kind(node: torch.fx.Node) -> ArgKind:
     val = _value(node)
     if isinstance(val, torch.Tensor):
-        return ArgKind.TENSOR
+        return ArgKind.WRITTEN_TENSOR if _written(node) else ArgKind.TENSOR
     if isinstance(val, (torch.SymFloat, float)):
         return ArgKind.FLOAT
     if isinstance(val, (torch.SymInt, torch.SymBool, int, bool)):

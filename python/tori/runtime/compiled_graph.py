@@ -153,8 +153,8 @@ class CompiledGraph:
         # and one buffer for equal results: such a result must be copied out.
         taken = set()
         for i, (kind, value) in enumerate(zip(self._arg_kinds, args)):
-            if kind is ArgKind.TENSOR:
-                value, address = _importable(value)
+            if kind is ArgKind.TENSOR or kind is ArgKind.WRITTEN_TENSOR:
+                value, address = _importable(value.clone() if kind is ArgKind.WRITTEN_TENSOR else value)
                 taken.add(address)
                 packed.push_ref(import_tensor(to_dlpack(value)))
             elif kind is ArgKind.STATIC_TENSOR:
@@ -189,7 +189,7 @@ class CompiledGraph:
         device = module.device
         packed = rt.VmVariantList(len(args))
         for i, (kind, value) in enumerate(zip(self._arg_kinds, args)):
-            if kind is ArgKind.TENSOR:
+            if kind is ArgKind.TENSOR or kind is ArgKind.WRITTEN_TENSOR:
                 packed.push_ref(transfer.upload(device, value))
             elif kind is ArgKind.STATIC_TENSOR:
                 # Parameters are copied to the device once, again only when they change.
