@@ -429,3 +429,28 @@ def test_batch_norm_training_with_grad_updates_buffers_and_grads():
         torch.testing.assert_close(getattr(model, name), buffer)
     torch.testing.assert_close(model.weight.grad, eager.weight.grad)
     torch.testing.assert_close(model.bias.grad, eager.bias.grad)
+
+
+_IN_PLACE_IN_IREE = {
+    "index_add": lambda x, i, s: torch.index_add(x, 0, i, s),
+    "index_copy": lambda x, i, s: torch.index_copy(x, 0, i, s),
+    "scatter_add": lambda x, i, s: torch.scatter_add(x, 0, i.view(-1, 1).expand(-1, 3), s),
+    "index_put": lambda x, i, s: torch.index_put(x, (i,), s),
+    "sort": lambda x, i, s: torch.sort(x, dim=0).values + 0 * s.sum(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_IN_PLACE_IN_IREE))
+def test_ops_updating_in_place_in_iree_leave_the_callers_tensors_alone(name):
+    """IREE may fold a scatter's destination onto an argument's buffer and write into
+    the caller's tensor: those arguments are passed as copies."""
+    fn = _IN_PLACE_IN_IREE[name]
+    x, index, source = torch.randn(5, 3), torch.tensor([0, 2, 4]), torch.randn(3, 3)
+    before = x.clone()
+    with count_graphs() as count:
+        compiled = torch.compile(fn, backend="tori", options={"fallback": "error"})
+        result = compiled(x, index, source)
+    assert count.compiled_graphs == 1 and count.compiled_calls == 1
+    torch.testing.assert_close(result, fn(before, index, source))
+    assert torch.equal(x, before), f"{name} changed its input"
+    assert ArgKind.WRITTEN_TENSOR in last_compile().forward.compiled.signature.args
