@@ -248,6 +248,29 @@ def test_bool_literals_keep_their_dtype(filecheck):
     """)
 
 
+def test_a_large_bool_result_is_inline(filecheck):
+    # IREE crashes on an i1 resource blob ("ElementsAttr does not provide iteration
+    # facilities for type `llvm::APInt`"): a causal mask folds to an inline literal.
+    filecheck("""
+        func.func @causal() -> !torch.vtensor<[6,6],i1> {
+          %int6 = torch.constant.int 6
+          %int0 = torch.constant.int 0
+          %int11 = torch.constant.int 11
+          %none = torch.constant.none
+          %cpu = torch.constant.device "cpu"
+          %false = torch.constant.bool false
+          %size = torch.prim.ListConstruct %int6, %int6 : (!torch.int, !torch.int) -> !torch.list<int>
+          %0 = torch.aten.ones %size, %int11, %none, %cpu, %false : !torch.list<int>, !torch.int, !torch.none, !torch.Device, !torch.bool -> !torch.vtensor<[6,6],i1>
+          %1 = torch.aten.tril %0, %int0 : !torch.vtensor<[6,6],i1>, !torch.int -> !torch.vtensor<[6,6],i1>
+          return %1 : !torch.vtensor<[6,6],i1>
+        }
+    """, """
+        # CHECK-LABEL: func.func @causal
+        # CHECK-NEXT:    torch.vtensor.literal(dense<{{\\[}}[true, false, false, false, false, false], {{.*}}]> : tensor<6x6xi1>) : !torch.vtensor<[6,6],i1>
+        # CHECK-NOT:     dense_resource
+    """)
+
+
 def test_a_dtype_the_ir_does_not_declare_stays(filecheck):
     # PyTorch's add of an si32 and an f32 literal is f32; the IR claiming si32 is kept as written.
     filecheck("""

@@ -292,7 +292,9 @@ def _tensor_attr(tensor: torch.Tensor, type_: _TensorType) -> ir.Attribute:
         scalar = (ir.FloatAttr.get(element, first) if flat.dtype.is_floating_point
                   else ir.IntegerAttr.get(element, int(first)))
         return ir.DenseElementsAttr.get_splat(builtin, scalar)
-    if array.size <= INLINE_LIMIT:
+    # IREE crashes iterating an i1 resource blob (ElementsAttr has no APInt iteration):
+    # booleans are always written inline.
+    if array.size <= INLINE_LIMIT or flat.dtype == torch.bool:
         return ir.DenseElementsAttr.get(array.reshape(type_.shape), type=builtin.element_type, shape=list(type_.shape))
     name = f"tori_folded_{'x'.join(map(str, type_.shape))}_{type_.vtensor_dtype}"
     return ir.DenseResourceElementsAttr.get_from_buffer(array.copy(), name, builtin)
