@@ -35,6 +35,8 @@ def register_decomposition(*ops: torch._ops.OpOverload) -> Callable[[Callable], 
 def decomposition_table() -> dict:
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 
+    import tori.frontend.decomp  # noqa: F401  (the op families register their entries)
+
     base = get_decomposition_table()
     return {**base, **{op: _chained(op, fn, base.get(op)) for op, fn in _TORI.items()}}
 

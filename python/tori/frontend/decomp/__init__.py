@@ -1,0 +1,9 @@
+"""tori's decompositions by op family, one module each; importing this package
+registers them all in `tori.frontend.decompositions`' table.
+
+Preference, per op: PyTorch's own decomposition (chosen per op, `pytorch.py`), then
+tori's formulas in torch ops (the other modules). Each entry is checked by the OpInfo
+conformance suite (`python -m tori.conformance`).
+"""
+
+from tori.frontend.decomp import pytorch  # noqa: F401  (registers on import)

@@ -1,0 +1,17 @@
+"""Ops that Torch-MLIR's table leaves whole and IREE cannot lower, where PyTorch's
+own decomposition table has an entry that lowers correctly (checked per op by the
+OpInfo conformance suite)."""
+
+from __future__ import annotations
+
+import torch
+from torch._decomp import decomposition_table as aten_decompositions
+
+from tori.frontend.decompositions import register_decomposition
+
+aten = torch.ops.aten
+
+FROM_PYTORCH: tuple[torch._ops.OpOverload, ...] = ()
+
+for _op in FROM_PYTORCH:
+    register_decomposition(_op)(lambda op, *args, **kwargs: aten_decompositions[op](*args, **kwargs))
