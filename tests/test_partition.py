@@ -12,7 +12,7 @@ import torch
 import tori
 from tori.config import Options, from_environment
 from tori.errors import CompileError, OptionsError
-from tori.frontend.partition import nodes_of_op
+from tori.frontend.partition import nodes_of_op, split_graph
 from tori.testing import count_graphs
 from tori.tools.report import render
 
@@ -164,6 +164,29 @@ def test_partition_option_reads_its_environment_variable():
     assert from_environment({}).partition is True
     with pytest.raises(OptionsError):
         Options.from_mapping({"partition": "sometimes"})
+
+
+@pytest.mark.parametrize("copy_last", [True, False])
+def test_a_part_never_moves_across_a_mutation(copy_last):
+    # copy_ into an input stays eager. Where a part would hold nodes from both sides
+    # of it (sin before, cos of the written buffer after), the graph is not split.
+    aten = torch.ops.aten
+    graph = torch.fx.Graph()
+    x, buffer = graph.placeholder("x"), graph.placeholder("buffer")
+    sine = graph.call_function(aten.sin.default, (x,))
+    if not copy_last:
+        graph.call_function(aten.copy_.default, (buffer, sine))
+    eager = graph.call_function(aten.special_i1e.default, (x,))
+    product = graph.call_function(aten.mul.Tensor, (graph.call_function(aten.cos.default, (buffer,)), eager))
+    if copy_last:
+        graph.call_function(aten.copy_.default, (buffer, sine))
+    graph.output((product,))
+    split = split_graph(torch.fx.GraphModule({}, graph), {eager.name})
+    if not copy_last:
+        assert split is None
+        return
+    order = [node.target for node in split.graph.nodes if node.op in ("call_function", "call_module")]
+    assert order[0] is aten.special_i1e.default and order[1] == "part0" and order[-1] is aten.copy_.default
 
 
 def test_unattributable_failure_falls_back_whole():

@@ -21,7 +21,7 @@ When `compile_graph` fails with an error naming an op (`error.op`, e.g.
 
 It gives up (None: the caller runs the whole graph eagerly, as before) when a failure
 names no op or an op no node matches, when no part is left to compile, after
-MAX_ROUNDS rounds, or when a part would move across an eager op with side effects.
+MAX_ROUNDS rounds, or when a part would move across an eager op that mutates an input.
 
 The result is a boxed callable (one list argument, as AOTAutograd calls compiled
 graphs): the split `GraphModule`, whose parts are `CompiledPart` modules and whose
@@ -123,13 +123,14 @@ def nodes_of_op(gm: torch.fx.GraphModule, op: str | None) -> list[torch.fx.Node]
 
 def _has_side_effects(node: torch.fx.Node) -> bool:
     """Writes an input (`copy_`), or is an assert or another side-effectful call: such a
-    node stays eager, at its place in the order."""
-    if node.op != "call_function":
-        return False
-    if node.target in _side_effectful_functions:
-        return True
+    node stays eager."""
+    return node.op == "call_function" and (node.target in _side_effectful_functions or _writes(node))
+
+
+def _writes(node: torch.fx.Node) -> bool:
+    """Mutates an input: no part may move across it (an assert may be passed)."""
     schema = getattr(node.target, "_schema", None)
-    return schema is not None and schema.is_mutable
+    return node.op == "call_function" and schema is not None and schema.is_mutable
 
 
 def _is_compute(node: torch.fx.Node) -> bool:
@@ -169,13 +170,16 @@ class CompiledPart(torch.nn.Module):
         self.compiled = compiled
         self.part = part
         self.name = name
+        self.warned = False
 
     def forward(self, *args: Any):
         try:
             return self.compiled(list(args))
         except ToriRuntimeError as error:
-            log.warning("tori: a call of part %s runs in eager PyTorch (IREE's runtime failed: %s)",
-                        self.name, str(error).splitlines()[0])
+            if not self.warned:
+                self.warned = True
+                log.warning("tori: a call of part %s runs in eager PyTorch (IREE's runtime failed: %s)",
+                            self.name, str(error).splitlines()[0])
             counters.fallback_calls += 1
             return self.part(*args)
 
@@ -202,11 +206,11 @@ def _partition(gm: torch.fx.GraphModule, options: Options, record: GraphRecord,
             log.debug("partition of %s: failure not attributable to a node (op %s)", record.name, error.op)
             return None
         eager |= failing
-        split = _split(gm, eager)
+        split = split_graph(gm, eager)
         if split is None:
             return None
         try:
-            parts = _compile_parts(split, gm, options, record, static_args)
+            parts = _compile_parts(split, options, record, static_args)
         except CompileError as part_error:
             log.debug("partition of %s: %s", record.name, part_error.reason.splitlines()[0])
             error = part_error
@@ -217,9 +221,9 @@ def _partition(gm: torch.fx.GraphModule, options: Options, record: GraphRecord,
     return None
 
 
-def _split(gm: torch.fx.GraphModule, eager: set[str]) -> torch.fx.GraphModule | None:
+def split_graph(gm: torch.fx.GraphModule, eager: set[str]) -> torch.fx.GraphModule | None:
     """A copy of `gm` whose supported regions are `part<k>` submodules (tuple outputs);
-    None when splitting would reorder a side effect."""
+    None when splitting would move a part across a mutation."""
     graph = torch.fx.Graph()
     values: dict[torch.fx.Node, torch.fx.Node] = {}
     graph.output(graph.graph_copy(gm.graph, values))
@@ -231,8 +235,9 @@ def _split(gm: torch.fx.GraphModule, eager: set[str]) -> torch.fx.GraphModule | 
     if not partitions:
         return work
     _attach_attributes(work.graph, partitions)
-    position = {node: index for index, node in enumerate(work.graph.nodes)}
-    spans = {f"{PART_PREFIX}{k}": (min(position[n] for n in p.nodes), max(position[n] for n in p.nodes))
+    # By name: fusing may replace the node objects left outside the parts.
+    position = {node.name: index for index, node in enumerate(work.graph.nodes)}
+    spans = {f"{PART_PREFIX}{k}": (min(position[n.name] for n in p.nodes), max(position[n.name] for n in p.nodes))
              for k, p in enumerate(partitions)}
     fuse_by_partitions(work, [dict(p.nodes) for p in partitions], prefix=PART_PREFIX, always_return_tuple=True)
     if not _side_effects_in_order(work.graph, position, spans):
@@ -260,15 +265,15 @@ def _attach_attributes(graph: torch.fx.Graph, partitions: list[Partition]) -> No
             owner[users[0]].add_node(node)
 
 
-def _side_effects_in_order(graph: torch.fx.Graph, position: dict, spans: dict[str, tuple[int, int]]) -> bool:
-    """Every part runs wholly before or wholly after each eager node with side effects,
-    as its nodes did in the original graph."""
+def _side_effects_in_order(graph: torch.fx.Graph, position: dict[str, int], spans: dict[str, tuple[int, int]]) -> bool:
+    """Every part runs wholly before or wholly after each eager node that mutates an
+    input, as its nodes did in the original graph."""
     seen_parts: list[str] = []
     for node in graph.nodes:
         if node.op == "call_module" and node.target in spans:
             seen_parts.append(node.target)
-        elif _has_side_effects(node):
-            here = position[node]
+        elif _writes(node):
+            here = position[node.name]
             before = set(seen_parts)
             if any(spans[p][1] > here for p in before) or any(
                     spans[p][0] < here for p in spans if p not in before):
@@ -276,8 +281,7 @@ def _side_effects_in_order(graph: torch.fx.Graph, position: dict, spans: dict[st
     return True
 
 
-def _compile_parts(split: torch.fx.GraphModule, gm: torch.fx.GraphModule, options: Options,
-                   record: GraphRecord, static_args: frozenset[int]) -> list[tuple[str, CompiledPart, GraphRecord]]:
+def _compile_parts(split: torch.fx.GraphModule, options: Options, record: GraphRecord, static_args: frozenset[int]) -> list[tuple[str, CompiledPart, GraphRecord]]:
     placeholders = {node.name: index for index, node in enumerate(split.graph.find_nodes(op="placeholder"))}
     parts = []
     for node in split.graph.find_nodes(op="call_module"):
@@ -303,12 +307,11 @@ def _finish(split: torch.fx.GraphModule, parts: list, record: GraphRecord, error
     counters.partitioned_graphs += 1
     counters.compiled_parts += len(parts)
     counters.eager_ops += len(record.eager_ops)
+    first = record.error or error
     log.warning("tori: graph %s runs partitioned: %d part(s) compiled, %d op(s) in eager PyTorch (%s); "
                 "the first failure was at stage '%s', op %s: %s",
                 record.name, len(parts), len(record.eager_ops), ", ".join(sorted(set(record.eager_ops))),
-                record.error.stage if record.error else error.stage,
-                record.error.op if record.error else error.op,
-                (record.error or error).reason.splitlines()[0])
+                first.stage, first.op, first.reason.splitlines()[0])
 
     def run_partitioned(args):
         counters.partitioned_calls += 1
