@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tori-installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv demo test bench fuzz clean
+.PHONY: all venv demo test bench fuzz conformance clean
 
 all: test
 
@@ -35,6 +35,13 @@ bench: $(STAMP)
 FUZZ_ARGS ?=
 fuzz: $(STAMP)
 	$(PY) -m tori.fuzz $(FUZZ_ARGS)
+
+# PyTorch's OpInfo database through tori, every op in float32 and float16 (CONFORMANCE_ARGS:
+# --mode tori-fallback or inductor, --ops, --update-expected); the summary lands in build/conformance/.
+CONFORMANCE_ARGS ?=
+conformance: $(STAMP)
+	mkdir -p build/conformance
+	$(PY) -m tori.conformance --summary build/conformance/summary.md --json build/conformance/outcomes.jsonl $(CONFORMANCE_ARGS)
 
 clean:
 	rm -rf $(VENV) build python/*.egg-info .pytest_cache

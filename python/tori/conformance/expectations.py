@@ -55,14 +55,17 @@ def write(path: Path, outcomes: list[Outcome], previous: Expected, header: str) 
 
 def summary_table(outcomes: list[Outcome]) -> str:
     """Markdown: per dtype, ops checked, eager-runnable, passing, and failures by kind."""
-    rows = ["| dtype | ops | eager runs | pass | fail | failures by kind |", "| --- | --- | --- | --- | --- | --- |"]
-    for dtype in sorted({o.dtype for o in outcomes}):
-        mine = [o for o in outcomes if o.dtype == dtype]
+    rows = ["| mode | dtype | ops | eager runs | pass | fail | failures by kind |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    for mode, dtype in sorted({(o.mode, o.dtype) for o in outcomes}):
+        mine = [o for o in outcomes if o.dtype == dtype and o.mode == mode]
         runs = [o for o in mine if o.status is not Status.SKIP]
         passed = sum(o.status is Status.PASS for o in runs)
         kinds = Counter(o.kind.value for o in runs if o.status is Status.FAIL)
         by_kind = ", ".join(f"{kind} {count}" for kind, count in kinds.most_common())
-        rows.append(f"| {dtype} | {len(mine)} | {len(runs)} | {passed} | {len(runs) - passed} | {by_kind} |")
+        ran = Counter(o.ran for o in runs if o.status is Status.PASS and o.ran)
+        how = f" ({', '.join(f'{count} {way}' for way, count in ran.most_common())})" if ran else ""
+        rows.append(f"| {mode} | {dtype} | {len(mine)} | {len(runs)} | {passed}{how} | {len(runs) - passed} | {by_kind} |")
     return "\n".join(rows)
 
 

@@ -27,6 +27,11 @@ _DEFAULT_TOLERANCE = {torch.float32: (1.3e-6, 1e-5), torch.float16: (1e-3, 1e-5)
 _FLOOR = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-3, 1e-3), torch.bfloat16: (1.6e-2, 1e-2)}
 
 
+# The ways an op is checked: tori with fallback 'error' (the conformance figure and the
+# expected-failures list), tori with its default fallback, and TorchInductor for comparison.
+MODES = {"tori": ("tori", {"fallback": "error"}), "tori-fallback": ("tori", {}), "inductor": ("inductor", None)}
+
+
 class Status(str, enum.Enum):
     PASS = "pass"
     FAIL = "fail"
@@ -58,6 +63,8 @@ class Outcome:
     detail: str = ""
     samples: int = 0
     seconds: float = 0.0
+    mode: str = "tori"  # how it was compiled: see MODES
+    ran: str = ""  # for a pass with fallback: 'compiled', 'partly eager' or 'eager'
 
     def to_json(self) -> dict:
         data = asdict(self)
@@ -170,9 +177,10 @@ def _deterministic(run: Callable[[], Any]) -> bool:
     return kind is Kind.NONE
 
 
-def check_op(name: str, dtype_name: str, *, samples: int = 3) -> Outcome:
-    """Compile the OpInfo `name` on its first `samples` samples for `dtype_name` and
-    compare with eager; never raises for a failure of the op."""
+def check_op(name: str, dtype_name: str, *, samples: int = 3, mode: str = "tori") -> Outcome:
+    """Compile the OpInfo `name` on its first `samples` samples for `dtype_name` (as
+    `mode` says, one of MODES) and compare with eager; never raises for a failure of
+    the op."""
     import time
 
     import torch._dynamo
@@ -185,7 +193,7 @@ def check_op(name: str, dtype_name: str, *, samples: int = 3) -> Outcome:
     dtype = DTYPES[dtype_name]
 
     def outcome(status: Status, kind: Kind = Kind.NONE, detail: str = "", count: int = 0) -> Outcome:
-        return Outcome(name, dtype_name, status, kind, detail, count, round(time.perf_counter() - start, 3))
+        return Outcome(name, dtype_name, status, kind, detail, count, round(time.perf_counter() - start, 3), mode)
 
     torch.manual_seed(0)
     try:
@@ -209,8 +217,9 @@ def check_op(name: str, dtype_name: str, *, samples: int = 3) -> Outcome:
     except Exception as error:
         return outcome(Status.SKIP, Kind.EAGER, f"eager: {type(error).__name__}: {error}", len(chosen))
 
+    backend, options = MODES[mode]
     torch._dynamo.reset()
-    compiled = torch.compile(apply, backend="tori", fullgraph=True, dynamic=False, options={"fallback": "error"})
+    compiled = torch.compile(apply, backend=backend, fullgraph=True, dynamic=False, options=options)
     inputs = _clone(tensors)
     try:
         with count_graphs() as count:
@@ -232,7 +241,8 @@ def check_op(name: str, dtype_name: str, *, samples: int = 3) -> Outcome:
                        len(chosen))
     finally:
         torch._dynamo.reset()
-    if count.compiled_graphs < 1 or count.fallback_graphs or count.fallback_calls or count.compiled_calls < 1:
+    native = count.compiled_graphs >= 1 and count.compiled_calls >= 1 and not (count.fallback_graphs or count.fallback_calls)
+    if mode == "tori" and not native:
         return outcome(Status.FAIL, Kind.NOT_COMPILED,
                        f"compiled graphs {count.compiled_graphs}, compiled calls {count.compiled_calls}, "
                        f"fallback graphs {count.fallback_graphs}", len(chosen))
@@ -241,4 +251,7 @@ def check_op(name: str, dtype_name: str, *, samples: int = 3) -> Outcome:
         kind, detail = _compare(got, want, rtol=rtol, atol=atol, values=values, what=what)
         if kind is not Kind.NONE:
             return outcome(Status.FAIL, kind, detail, len(chosen))
-    return outcome(Status.PASS, count=len(chosen))
+    passed = outcome(Status.PASS, count=len(chosen))
+    if mode == "tori-fallback":
+        passed.ran = "compiled" if native else ("eager" if count.compiled_calls == 0 else "partly eager")
+    return passed

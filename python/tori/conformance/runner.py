@@ -18,16 +18,16 @@ from typing import Callable, Iterable
 from tori.conformance.opinfo import Kind, Outcome, Status, check_op
 
 
-def work(ops: Iterable[str], dtype: str, samples: int, out) -> None:
+def work(ops: Iterable[str], dtype: str, samples: int, mode: str, out) -> None:
     """The worker's loop: check each op, one JSON line before and one after."""
     for name in ops:
         out.write(json.dumps({"start": name}) + "\n")
         out.flush()
-        out.write(json.dumps(check_op(name, dtype, samples=samples).to_json()) + "\n")
+        out.write(json.dumps(check_op(name, dtype, samples=samples, mode=mode).to_json()) + "\n")
         out.flush()
 
 
-def _worker(ops: list[str], dtype: str, samples: int, timeout_s: float,
+def _worker(ops: list[str], dtype: str, samples: int, mode: str, timeout_s: float,
             on_outcome: Callable[[Outcome], None]) -> None:
     """Run `ops` in child processes until each has an outcome."""
     pending = list(ops)
@@ -36,7 +36,7 @@ def _worker(ops: list[str], dtype: str, samples: int, timeout_s: float,
             listing = Path(scratch, "ops.json")
             listing.write_text(json.dumps(pending))
             command = [sys.executable, "-m", "tori.conformance", "--worker", str(listing), "--dtype", dtype,
-                       "--samples", str(samples)]
+                       "--samples", str(samples), "--mode", mode]
             child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
                                      env={**os.environ, "PYTHONWARNINGS": "ignore"})
             current, started = None, time.monotonic()
@@ -66,16 +66,16 @@ def _worker(ops: list[str], dtype: str, samples: int, timeout_s: float,
             detail = (f"no result within {timeout_s:g} s" if kind is Kind.TIMEOUT
                       else f"the process running it died (exit status {code})")
             pending.remove(current)
-            on_outcome(Outcome(current, dtype, Status.FAIL, kind, detail, 0, round(elapsed, 3)))
+            on_outcome(Outcome(current, dtype, Status.FAIL, kind, detail, 0, round(elapsed, 3), mode))
         elif pending and code != 0:
             for name in pending:
-                on_outcome(Outcome(name, dtype, Status.FAIL, Kind.CRASH, f"worker exited with status {code}"))
+                on_outcome(Outcome(name, dtype, Status.FAIL, Kind.CRASH, f"worker exited with status {code}", mode=mode))
             return
 
 
-def run_ops(ops: list[str], dtype: str, *, samples: int = 3, jobs: int = 1, timeout_s: float = 300,
-            on_outcome: Callable[[Outcome], None] | None = None) -> list[Outcome]:
-    """Outcomes of `ops` for `dtype`, checked by `jobs` worker processes."""
+def run_ops(ops: list[str], dtype: str, *, samples: int = 3, mode: str = "tori", jobs: int = 1,
+            timeout_s: float = 300, on_outcome: Callable[[Outcome], None] | None = None) -> list[Outcome]:
+    """Outcomes of `ops` for `dtype` checked as `mode` says, by `jobs` worker processes."""
     outcomes: list[Outcome] = []
     lock = threading.Lock()
 
@@ -86,7 +86,7 @@ def run_ops(ops: list[str], dtype: str, *, samples: int = 3, jobs: int = 1, time
                 on_outcome(outcome)
 
     shares = [ops[index::jobs] for index in range(jobs)]
-    threads = [threading.Thread(target=_worker, args=(share, dtype, samples, timeout_s, collect)) for share in shares if share]
+    threads = [threading.Thread(target=_worker, args=(share, dtype, samples, mode, timeout_s, collect)) for share in shares if share]
     for thread in threads:
         thread.start()
     for thread in threads:
