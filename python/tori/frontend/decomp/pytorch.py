@@ -11,7 +11,15 @@ from tori.frontend.decompositions import register_decomposition
 
 aten = torch.ops.aten
 
-FROM_PYTORCH: tuple[torch._ops.OpOverload, ...] = ()
+FROM_PYTORCH: tuple[torch._ops.OpOverload, ...] = (
+    aten.addmv.default,
+    aten.all.dim,
+    aten.any.dim,
+    aten.cumprod.default,
+    aten.narrow_copy.default,
+    aten.max_pool2d_with_indices.default,
+    aten._batch_norm_with_update_functional.default,
+)
 
 for _op in FROM_PYTORCH:
     register_decomposition(_op)(lambda op, *args, **kwargs: aten_decompositions[op](*args, **kwargs))
