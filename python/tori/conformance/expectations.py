@@ -5,6 +5,7 @@ that passes, is unexpected (so that the list only shrinks).
 
 from __future__ import annotations
 
+import re
 import tomllib
 from collections import Counter
 from pathlib import Path
@@ -30,6 +31,22 @@ def unexpected(outcome: Outcome, expected: Expected) -> str | None:
     return None
 
 
+_NO_LOWERING = re.compile(r"op torch\.(aten\.\w+|prims\.\w+)[\w.]*: failed to legalize operation '(?:torch\.operator|torch\.aten[\w.]*)'")
+_LEFTOVER = re.compile(r"failed to legalize operation '(torch\.constant\.\w+)'")
+
+
+def reason(outcome: Outcome) -> str:
+    """A short reason for a failing outcome, starting with its kind."""
+    detail = outcome.detail
+    match = _NO_LOWERING.search(detail)
+    if match:
+        return f"{outcome.kind.value}: IREE has no lowering of {match.group(1)}"
+    match = _LEFTOVER.search(detail)
+    if match:
+        return f"{outcome.kind.value}: a {match.group(1)} is left over at IREE (an operand of an op not lowered)"
+    return f"{outcome.kind.value}: {' '.join(detail.split())[:200]}"
+
+
 def _quote(text: str) -> str:
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ") + '"'
 
@@ -45,7 +62,7 @@ def write(path: Path, outcomes: list[Outcome], previous: Expected, header: str) 
         entries = {**kept}
         for outcome in failing:
             old = previous.get(dtype, {}).get(outcome.op)
-            generated = f"{outcome.kind.value}: {outcome.detail[:300]}"
+            generated = reason(outcome)
             entries[outcome.op] = old if old and not old.startswith(f"{outcome.kind.value}:") else generated
         lines.append(f"[{dtype}]")
         lines += [f"{_quote(op)} = {_quote(reason)}" for op, reason in sorted(entries.items())]
