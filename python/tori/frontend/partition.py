@@ -48,6 +48,7 @@ from tori.frontend.compile_graph import compile_graph
 from tori.frontend.records import GraphRecord
 from tori.frontend.shape_variants import specialize
 from tori.stats import counters
+from tori.tools.dump import after_compile
 
 log = logging.getLogger("tori.partition")
 
@@ -217,7 +218,7 @@ def _partition(gm: torch.fx.GraphModule, options: Options, record: GraphRecord,
             continue
         if not parts:
             return None
-        return _finish(split, parts, record, error)
+        return _finish(split, parts, record, options, error)
     return None
 
 
@@ -299,7 +300,8 @@ def _compile_parts(split: torch.fx.GraphModule, options: Options, record: GraphR
     return parts
 
 
-def _finish(split: torch.fx.GraphModule, parts: list, record: GraphRecord, error: CompileError) -> Callable:
+def _finish(split: torch.fx.GraphModule, parts: list, record: GraphRecord, options: Options,
+            error: CompileError) -> Callable:
     for target, module, _ in parts:
         setattr(split, target, module)
     record.parts = [part_record for _, _, part_record in parts]
@@ -312,6 +314,8 @@ def _finish(split: torch.fx.GraphModule, parts: list, record: GraphRecord, error
                 "the first failure was at stage '%s', op %s: %s",
                 record.name, len(parts), len(record.eager_ops), ", ".join(sorted(set(record.eager_ops))),
                 first.stage, first.op, first.reason.splitlines()[0])
+    if options.dump_dir is not None or options.report is not None:
+        after_compile(record, options)  # the graph's dump and the report now show its parts
 
     def run_partitioned(args):
         counters.partitioned_calls += 1

@@ -116,6 +116,10 @@ def dump_graph(record: GraphRecord, options: Options) -> Path:
         "graph": record.name,
         "kind": record.kind,
         "compiled": record.compiled is not None,
+        "status": record.status,
+        # Partial fallback: the graphs of its compiled parts, the ops run eagerly between them.
+        "parts": [part.name for part in record.parts],
+        "eager_ops": list(record.eager_ops),
         "error": None if record.error is None else record.error.reason,
         "compile_seconds": round(record.compile_seconds, 4),
         "guards": list(record.guards),
