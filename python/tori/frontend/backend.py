@@ -11,6 +11,7 @@ import logging
 from typing import Any, Callable
 
 import torch
+import torch._functorch.config
 import torch._guards
 import torch.fx
 from torch._dynamo.backends.common import aot_autograd
@@ -50,12 +51,15 @@ def tori_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], options: d
     constants = _dynamo_constants(gm)
     compilers = {kind: _aot_compiler(record, kind, constants) for kind in ("forward", "backward", "inference")}
     try:
-        return aot_autograd(
-            fw_compiler=compilers["forward"],
-            bw_compiler=compilers["backward"],
-            inference_compiler=compilers["inference"],
-            decompositions=decomposition_table(),
-        )(gm, example_inputs)
+        # Effect tokens made and consumed inside the graph (prims._make_token, _sink_tokens)
+        # rather than passed as inputs, which AOTAutograd's runtime wrapper sets to None.
+        with torch._functorch.config.patch(unlift_effect_tokens=True):
+            return aot_autograd(
+                fw_compiler=compilers["forward"],
+                bw_compiler=compilers["backward"],
+                inference_compiler=compilers["inference"],
+                decompositions=decomposition_table(),
+            )(gm, example_inputs)
     except ToriError as error:
         if isinstance(error, BackendCompilerFailed):
             raise
