@@ -9,3 +9,4 @@ conformance suite (`python -m tori.conformance`).
 from tori.frontend.decomp import pytorch  # noqa: F401  (registers on import)
 from tori.frontend.decomp import special  # noqa: F401
 from tori.frontend.decomp import linalg  # noqa: F401
+from tori.frontend.decomp import selection  # noqa: F401
