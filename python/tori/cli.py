@@ -195,7 +195,8 @@ def report_command(model: str, output: Path, pipeline: str | None, iree_flags: s
     graphs = [g for r in records for g in r.graphs]
     click.echo(f"wrote {path} ({path.stat().st_size // 1024} KiB)")
     click.echo(f"  {len(records)} Dynamo graph(s), {len(facts.graph_breaks)} graph break(s), "
-               f"{sum(g.compiled is not None for g in graphs)} of {len(graphs)} AOT graph(s) compiled")
+               f"{sum(g.compiled is not None for g in graphs)} of {len(graphs)} AOT graph(s) compiled"
+               + (f", {sum(g.partitioned for g in graphs)} partitioned" if any(g.partitioned for g in graphs) else ""))
     for graph in graphs:
         status = graph.status
         passes = ", ".join(f"{r.step.name} {r.seconds * 1e3:.1f} ms" for r in graph.passes) or "no passes"
