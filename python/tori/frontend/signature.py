@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 
 class ArgKind(enum.Enum):
@@ -69,7 +70,9 @@ def _written(placeholder: torch.fx.Node) -> bool:
             if _updates_in_place(user) and user.args and user.args[0] is node:
                 return True
             result = _value(user)
-            if user not in seen and isinstance(result, torch.Tensor) and result.numel() == size:
+            # statically_known_true: comparing symbolic sizes with `==` would add a guard to the
+            # shape environment and could pin a dynamic size (a batch of 4 compiled as static 4).
+            if user not in seen and isinstance(result, torch.Tensor) and statically_known_true(result.numel() == size):
                 seen.add(user)
                 stack.append(user)
     return False
