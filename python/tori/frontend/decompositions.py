@@ -215,3 +215,32 @@ def self_comparison(op, a, b):
     if a is not b or not a.dtype.is_floating_point:
         return NotImplemented
     return ~torch.isnan(a)
+
+
+@register_decomposition(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
+def attention_backward(op, grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, *,
+                       attn_mask=None, scale=None):
+    """Training through scaled_dot_product_attention on the CPU: AOTAutograd's backward
+    graph holds this op, which IREE does not lower. Written as matmuls and the softmax
+    derivative, with the probabilities recomputed from the query and key."""
+    if dropout_p != 0.0:
+        return NotImplemented
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else scale
+    groups = query.shape[-3] // key.shape[-3]  # grouped-query attention shares key/value heads
+    keys = key.repeat_interleave(groups, dim=-3) if groups > 1 else key
+    values = value.repeat_interleave(groups, dim=-3) if groups > 1 else value
+    scores = (query @ keys.transpose(-2, -1)) * scale
+    if is_causal:
+        causal = torch.ones(query.shape[-2], key.shape[-2], dtype=torch.bool, device=query.device).tril()
+        scores = scores.masked_fill(~causal, -math.inf)
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, -math.inf) if attn_mask.dtype == torch.bool else scores + attn_mask
+    probs = torch.softmax(scores, dim=-1)
+    grad_values = probs.transpose(-2, -1) @ grad_out
+    grad_scores = probs * (grad_out @ values.transpose(-2, -1) - (grad_out * out).sum(-1, keepdim=True))
+    grad_query = (grad_scores @ keys) * scale
+    grad_keys = (grad_scores.transpose(-2, -1) @ query) * scale
+    if groups > 1:
+        grad_keys = grad_keys.unflatten(-3, (key.shape[-3], groups)).sum(-3)
+        grad_values = grad_values.unflatten(-3, (value.shape[-3], groups)).sum(-3)
+    return grad_query, grad_keys, grad_values

@@ -11,6 +11,7 @@ from copy import deepcopy
 
 import torch
 import torch.fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch_mlir import ir
 from torch_mlir.dialects import torch as torch_d
 from torch_mlir.extras.fx_importer import FxImporter, FxImporterHooks
@@ -72,6 +73,7 @@ def _copy_subgraphs(owner: torch.fx.GraphModule, copies: dict[int, torch.fx.Grap
         if id(subgraph) not in copies:
             copy = torch.fx.GraphModule(subgraph, deepcopy(subgraph.graph))
             _expand_sym_sums(copy.graph)
+            _drop_size_one_restrides(copy.graph)
             _copy_subgraphs(copy, copies)
             copies[id(subgraph)] = copy
         setattr(owner, target, copies[id(subgraph)])
@@ -90,6 +92,34 @@ def _expand_sym_sums(graph: torch.fx.Graph) -> None:
                 partial.meta["val"] = _meta_value(total) + _meta_value(term)
                 total = partial
         node.replace_all_uses_with(total)
+        graph.erase_node(node)
+
+
+def _drop_size_one_restrides(graph: torch.fx.Graph) -> None:
+    """Replace by its input an `as_strided` that keeps the input's sizes, offset and
+    strides except those of size-1 dims, which address no other element: the same
+    values. ATen's 1x1 adaptive average pool restrides its mean that way (to
+    channels-last), and FxImporter refuses `as_strided` with symbolic sizes."""
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not torch.ops.aten.as_strided.default:
+            continue
+        source, size, stride, *offset = node.args
+        value = _meta_value(source)
+        sizes = [_meta_value(s) for s in size]
+        if not isinstance(value, torch.Tensor) or len(sizes) != value.dim() or not all(
+            statically_known_true(s == own) for s, own in zip(sizes, value.shape)
+        ):
+            continue
+        if not all(
+            statically_known_true(s == 1) or statically_known_true(_meta_value(step) == own)
+            for s, step, own in zip(sizes, stride, value.stride())
+        ):
+            continue
+        if offset and offset[0] is not None and not statically_known_true(
+            _meta_value(offset[0]) == value.storage_offset()
+        ):
+            continue
+        node.replace_all_uses_with(source)
         graph.erase_node(node)
 
 
@@ -129,6 +159,7 @@ def import_graph(gm: torch.fx.GraphModule, *, graph_name: str, importer: FxImpor
     _copy_subgraphs(owner, {})
     graph = owner.graph
     _expand_sym_sums(graph)
+    _drop_size_one_restrides(graph)
     importer = importer or new_importer()
     try:
         importer.import_stateless_graph(graph, func_name=func_name)
