@@ -13,7 +13,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from models import MODELS  # noqa: E402
-from tori.testing import assert_matches_eager, count_graphs  # noqa: E402
+from tori.testing import assert_matches_eager, assert_same_training_state, count_graphs  # noqa: E402
 
 # Compiled kernels reorder float reductions (convolutions, attention, LayerNorm).
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-4}
@@ -75,8 +75,4 @@ def test_training_steps_match_eager(name):
     assert count.fallback_graphs == 0 and count.fallback_calls == 0, f"a graph fell back to eager: {count.delta}"
     assert count.compiled_calls >= 6, f"every forward and backward should run compiled: {count.delta}"
     torch.testing.assert_close(losses, expected_losses, **TOLERANCE)
-    for (param_name, param), expected in zip(model.named_parameters(), eager.parameters()):
-        torch.testing.assert_close(param.grad, expected.grad, **TOLERANCE, msg=lambda m: f"grad of {param_name}: {m}")
-        torch.testing.assert_close(param, expected, **TOLERANCE, msg=lambda m: f"{param_name}: {m}")
-    for (buffer_name, buffer), expected in zip(model.named_buffers(), eager.buffers()):
-        torch.testing.assert_close(buffer, expected, **TOLERANCE, msg=lambda m: f"buffer {buffer_name}: {m}")
+    assert_same_training_state(model, eager, **TOLERANCE)

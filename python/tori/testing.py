@@ -69,3 +69,14 @@ def assert_matches_eager(
     assert count.fallback_graphs == 0 and count.fallback_calls == 0, f"a graph fell back to eager: {count.delta}"
     assert count.compiled_calls >= calls, f"fewer compiled calls than calls: {count.delta}"
     return actual
+
+
+def assert_same_training_state(model: torch.nn.Module, eager: torch.nn.Module, *, rtol: float | None = None,
+                               atol: float | None = None) -> None:
+    """Assert that `model` (trained compiled) and `eager` (trained the same way in eager
+    PyTorch) hold the same gradients, parameters and buffers."""
+    for (name, param), expected in zip(model.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(param.grad, expected.grad, rtol=rtol, atol=atol, msg=lambda m: f"grad of {name}: {m}")
+        torch.testing.assert_close(param, expected, rtol=rtol, atol=atol, msg=lambda m: f"{name}: {m}")
+    for (name, buffer), expected in zip(model.named_buffers(), eager.buffers()):
+        torch.testing.assert_close(buffer, expected, rtol=rtol, atol=atol, msg=lambda m: f"buffer {name}: {m}")
