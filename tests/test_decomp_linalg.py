@@ -64,3 +64,45 @@ def test_triangular_solves():
                 torch.triangular_solve(b[0], a))
 
     assert_matches_eager(fn, a, b, c, rtol=1e-5, atol=1e-5)
+
+
+def test_lu_family():
+    torch.manual_seed(0)
+    a = torch.randn(2, 2, 2)
+    b = torch.randn(2, 2, 3)
+
+    def fn(a, b):
+        lu, pivots, info = torch.linalg.lu_factor_ex(a)
+        return (lu, pivots, info, torch.lu_unpack(lu, pivots), torch.linalg.lu_solve(lu, pivots, b),
+                torch.linalg.lu_solve(lu, pivots, b, adjoint=True), torch.linalg.lu_solve(lu, pivots, b.mT, left=False))
+
+    assert_matches_eager(fn, a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_lu_of_singular_matrices_pivots_and_info_like_lapack():
+    # A zero column (pivot 0: no exchange, info names it) and a tie between rows.
+    a = torch.tensor([[[0.0, 1.0, 2.0], [0.0, 3.0, 1.0], [0.0, -3.0, 5.0]],
+                      [[1.0, 2.0, 3.0], [-1.0, 2.0, 1.0], [2.0, 4.0, 6.0]]])
+    _, pivots, info = assert_matches_eager(torch.linalg.lu_factor_ex, a)
+    assert info.tolist() == [1, 3]
+
+
+def test_inverse_solve_and_determinants():
+    torch.manual_seed(0)
+    a = torch.randn(2, 2, 2)
+    # Elimination is exact here: the zero pivot is exactly zero, as in LAPACK.
+    singular = torch.tensor([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0], [4.0, 5.0, 6.0]])
+
+    def fn(a, singular):
+        return (torch.linalg.inv(a), torch.linalg.solve(a, a[:, 0]), torch.linalg.solve(a[0], a, left=False),
+                torch.linalg.det(a), torch.linalg.slogdet(a),
+                torch.linalg.det(singular), torch.linalg.slogdet(singular), torch.linalg.inv_ex(singular)[1])
+
+    assert_matches_eager(fn, a, singular, rtol=1e-5, atol=1e-5)
+
+
+def test_inverse_of_a_singular_matrix_fails_the_call():
+    compiled = torch.compile(torch.linalg.inv, backend="tori", options={"fallback": "error"})
+    torch._dynamo.reset()
+    with pytest.raises(ToriRuntimeError, match="linalg.inv"):
+        compiled(torch.zeros(2, 2))
