@@ -21,7 +21,7 @@ from tori.targets import SPECS, Target
 # which imports MLIR and every pass, so that reading options stays light. The fusion
 # passes (tori-fuse-attention, tori-fuse-layer-norm) cut IREE dispatches but were not
 # faster on the CPU benchmarks, so they are opt-in; docs/passes.md has the figures.
-DEFAULT_PIPELINE = "tori-fold-constants, tori-specialize-guards"
+DEFAULT_PIPELINE = "tori-fold-empty-tensors, tori-fold-constants, tori-specialize-guards"
 
 
 class Fallback(str, enum.Enum):

@@ -10,3 +10,8 @@ from tori.frontend.decomp import pytorch  # noqa: F401  (registers on import)
 from tori.frontend.decomp import special  # noqa: F401
 from tori.frontend.decomp import linalg  # noqa: F401
 from tori.frontend.decomp import selection  # noqa: F401
+from tori.frontend.decomp import extrema  # noqa: F401
+from tori.frontend.decomp import signs  # noqa: F401
+from tori.frontend.decomp import view_scatter  # noqa: F401
+from tori.frontend.decomp import factories  # noqa: F401
+from tori.frontend.decomp import logarithms  # noqa: F401

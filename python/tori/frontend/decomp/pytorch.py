@@ -19,6 +19,14 @@ FROM_PYTORCH: tuple[torch._ops.OpOverload, ...] = (
     aten.narrow_copy.default,
     aten.max_pool2d_with_indices.default,
     aten._batch_norm_with_update_functional.default,
+    # Ops IREE's torch lowering leaves whole (its error names a leftover constant).
+    aten.as_strided_copy.default,
+    aten.view_copy.default,
+    aten.view_copy.dtype,
+    aten.permute_copy.default,
+    aten.unbind_copy.int,
+    aten.new_empty_strided.default,
+    aten.slice_scatter.default,
 )
 
 for _op in FROM_PYTORCH:

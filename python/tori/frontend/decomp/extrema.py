@@ -1,0 +1,43 @@
+"""Maxima and minima IREE's torch lowering refuses (its error names a leftover
+torch.constant.int or .bool): reductions over a 0-d tensor (amax, amin, argmax,
+argmin: on one element they are the element itself, or index 0), and fmax/fmin
+(PyTorch's decomposition stops at prims.fmax)."""
+
+from __future__ import annotations
+
+import torch
+
+from tori.frontend.decompositions import register_decomposition
+
+aten = torch.ops.aten
+
+
+def _dims_of_scalar(dim) -> bool:
+    # A 0-d tensor accepts dim 0 or -1 (or a list of them, or none) and reduces nothing.
+    dims = [] if dim is None else [dim] if isinstance(dim, int) else list(dim)
+    return all(d in (0, -1) for d in dims)
+
+
+@register_decomposition(aten.amax.default, aten.amin.default)
+def scalar_extremum(op, x, dim=(), keepdim=False):
+    if x.dim() != 0 or not _dims_of_scalar(dim):
+        return NotImplemented
+    return x.clone()
+
+
+@register_decomposition(aten.argmax.default, aten.argmin.default)
+def scalar_arg_extremum(op, x, dim=None, keepdim=False):
+    if x.dim() != 0 or not _dims_of_scalar(dim):
+        return NotImplemented
+    return torch.zeros((), dtype=torch.int64, device=x.device)
+
+
+@register_decomposition(aten.fmax.default, aten.fmin.default)
+def nan_ignoring_max_min(op, a, b):
+    """The other operand where one is NaN (NaN where both are), else maximum/minimum."""
+    dtype = torch.result_type(a, b)
+    if not dtype.is_floating_point:
+        return NotImplemented
+    a, b = a.to(dtype), b.to(dtype)
+    chosen = torch.where(a > b if op is aten.fmax.default else a < b, a, b)
+    return torch.where(torch.isnan(a), b, torch.where(torch.isnan(b), a, chosen))

@@ -1,0 +1,85 @@
+"""Ops that failed in iree-compile for plumbing reasons rather than a missing formula:
+ops IREE's torch lowering leaves whole (its error named a leftover torch.constant),
+reductions of 0-d tensors, empty tensors (iree-compile crashed), libm calls. Each
+test compiles with fallback='error' and compares with eager."""
+
+import math
+
+import pytest
+import torch
+
+from tori.testing import assert_matches_eager
+
+SIGNED = torch.tensor([-0.0, 0.0, math.nan, -math.nan, -1.5, 2.0, math.inf, -math.inf])
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    # Compares -0.0 with 0.0 and the sign of NaNs, which assert_close does not.
+    return t.view({2: torch.int16, 4: torch.int32}[t.element_size()]) if t.dtype.is_floating_point else t
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_signbit_and_copysign_read_the_sign_bit(dtype):
+    x, y = SIGNED.to(dtype), SIGNED.flip(0).to(dtype)
+
+    def signs(a, b, scalar):
+        return (torch.signbit(a), torch.copysign(a, b), torch.copysign(b, -0.0), torch.copysign(scalar, b),
+                torch.signbit(scalar))
+
+    scalar = torch.tensor(-0.0, dtype=dtype)  # a 0-d operand: IREE crashed on its bitcast
+    out = assert_matches_eager(signs, x, y, scalar)
+    for got, want in zip(out, signs(x, y, scalar)):
+        assert torch.equal(_bits(got), _bits(want))
+
+
+def test_copysign_of_integers_is_a_float():
+    a, b = torch.tensor([1, -2, 3]), torch.tensor([-1, 1, 0])
+    assert assert_matches_eager(torch.copysign, a, b).dtype == torch.float32
+
+
+def test_reductions_of_a_0d_tensor():
+    x = torch.tensor(2.5)
+    assert_matches_eager(lambda t: (t.amax(), t.amin(0, keepdim=True), t.argmax(), t.argmin(-1),
+                                    torch.logsumexp(t, 0)), x)
+
+
+def test_fmax_fmin_ignore_one_nan():
+    a = torch.tensor([1.0, math.nan, math.nan, -2.0, 3.0])
+    b = torch.tensor([math.nan, 2.0, math.nan, -3.0, 3.0])
+    assert_matches_eager(lambda p, q: (torch.fmax(p, q), torch.fmin(p, q), torch.fmax(p, torch.tensor(0.0))), a, b)
+
+
+def test_log10_needs_no_libm():
+    x = torch.tensor([1e-30, 0.1, 1.0, 10.0, 1000.0, 12345.0, 0.0, -1.0, math.inf, math.nan])
+    assert_matches_eager(lambda t, n: (torch.log10(t), torch.log10(n)), x, torch.arange(1, 6))  # integers give floats
+
+
+def test_diagonal_scatter():
+    x = torch.randn(4, 5, 3)
+    cases = [(0, (0, 1)), (2, (0, 1)), (-2, (1, 0)), (1, (2, 0))]
+    sources = [torch.diagonal(x, offset, *dims).clone().normal_() for offset, dims in cases]
+    assert_matches_eager(lambda t, *s: tuple(torch.diagonal_scatter(t, src, offset, *dims)
+                                             for src, (offset, dims) in zip(s, cases)), x, *sources)
+
+
+def test_as_strided_scatter_and_view_copies():
+    x, src = torch.randn(3, 3), torch.randn(2, 2)
+    assert_matches_eager(lambda t, s: (torch.as_strided_scatter(t, s, (2, 2), (1, 2), 1),
+                                       torch.ops.aten.view_copy(t, (9,)), torch.ops.aten.permute_copy(t, (1, 0)),
+                                       torch.ops.aten.unbind_copy(t, 1)), x, src)
+
+
+def test_new_empty_strided_has_the_size_and_dtype():
+    compiled = torch.compile(lambda t: t.new_empty_strided((2, 0, 3), (1, 2, 3)).shape + t.new_empty_strided(
+        (2, 3), (1, 2)).sum().shape, backend="tori", options={"fallback": "error"})
+    assert compiled(torch.randn(3)) == torch.Size([2, 0, 3])
+
+
+def test_empty_tensors_compile():
+    # iree-compile crashed (SIGFPE) on each of these; the empty values are now literals, folded away.
+    def ops(a, b, c, d, e, f, g):
+        return (a @ torch.ones(5, 10), b @ torch.ones(0, 10), torch.reciprocal(c), torch.nn.functional.pixel_shuffle(d, 1),
+                torch.nn.functional.unfold(e, 2), f.sum(0), f.amax(1), g * 2)
+
+    shapes = [(0, 5), (5, 0), (1, 0, 3), (1, 0, 1, 1), (0, 1, 5, 5), (0, 3), (4,)]
+    assert_matches_eager(ops, *(torch.randn(s) for s in shapes))
