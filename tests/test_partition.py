@@ -214,6 +214,26 @@ def test_multi_output_op_with_dynamic_shapes():
     assert tori.last_compile().forward.eager_ops == ("tori_test.running_max.default",)
 
 
+def test_a_part_refused_by_iree_runtime_runs_that_call_eagerly():
+    # With guards skipped, a float64 input reaches parts compiled for float32: IREE's
+    # runtime refuses it, each part serves that call eagerly, and float32 calls still
+    # run compiled.
+    scale = torch.full((8,), 0.5)
+
+    def clipped(x):
+        return soft_clip(x * scale) + x
+
+    compiled = torch.compile(clipped, backend="tori", options={"guard_filter_fn": tori.compiler.skip_all_guards_unsafe})
+    x = torch.randn(3, 8)
+    torch.testing.assert_close(compiled(x), clipped(x))
+    wide = x.double()
+    with count_graphs() as count:
+        torch.testing.assert_close(compiled(wide), soft_clip(wide * scale) + wide)
+        torch.testing.assert_close(compiled(x), clipped(x))
+    # compiled_calls counts IREE's refused calls too, as for whole graphs.
+    assert count.fallback_calls == 2 and count.compiled_calls == 4 and count.partitioned_calls == 2, count.delta
+
+
 def test_fallback_error_still_raises():
     model = Sandwich(soft_clip)
     with torch.no_grad(), count_graphs() as count, pytest.raises(CompileError, match="soft_clip"):
