@@ -37,3 +37,34 @@ def test_half_precision_is_left_to_fail_as_in_eager():
     assert airy_ai(None, torch.ones(3, dtype=torch.float16)) is NotImplemented
     with pytest.raises(RuntimeError):
         special.airy_ai(torch.ones(3, dtype=torch.float16))
+
+
+POLYNOMIALS = [special.chebyshev_polynomial_t, special.chebyshev_polynomial_u, special.chebyshev_polynomial_v,
+               special.chebyshev_polynomial_w, special.shifted_chebyshev_polynomial_t,
+               special.shifted_chebyshev_polynomial_u, special.shifted_chebyshev_polynomial_v,
+               special.shifted_chebyshev_polynomial_w, special.hermite_polynomial_h, special.hermite_polynomial_he,
+               special.laguerre_polynomial_l, special.legendre_polynomial_p]
+
+
+def test_hermite_polynomial_of_a_tensor_n_matches_eager_for_every_n():
+    # ATen returns NaN past n = 128 in float32, so 128 unrolled steps cover every n,
+    # including those that are not integers, negative, infinite or NaN.
+    x = torch.tensor([-2.5, -1.0, -0.3, 0.0, 0.7, 1.0, 2.5, math.nan, math.inf])[:, None]
+    n = torch.tensor([-2.0, 0.0, 1.0, 2.0, 3.7, 9.0, 40.0, 128.0, 129.0, 1e19, math.nan, math.inf, -math.inf])
+    assert_matches_eager(special.hermite_polynomial_h, x, n, rtol=1e-5, atol=1e-5)
+
+
+def test_polynomials_of_a_python_number_n_match_eager():
+    # n = 9: past 6 (or 8, 4) Chebyshev's closed forms take over inside (-1, 1); the
+    # recurrence outside, and the special values at the ends.
+    x = torch.tensor([-2.0, -1.0, -0.5, 0.0, 0.25, 0.5, 0.9, 1.0, 1.5])
+    assert_matches_eager(lambda x: [f(x, 9) for f in POLYNOMIALS], x, rtol=1e-5, atol=1e-5)
+
+
+def test_polynomials_of_an_unbounded_tensor_n_are_left_to_fail():
+    # A float n may ask for any number of recurrence steps: no decomposition.
+    from tori.frontend.decomp.special import _polynomial
+
+    op = torch.ops.aten.special_legendre_polynomial_p.default
+    assert _polynomial(op, torch.rand(3), torch.tensor(4.0)) is NotImplemented
+    assert _polynomial(op, torch.rand(3), torch.tensor(4, dtype=torch.int8)) is not NotImplemented

@@ -3,7 +3,9 @@ and rational approximations (ATen's Math.h), which neither PyTorch's decompositi
 IREE lower: the Airy function Ai, the Bessel functions Y0 and Y1, the modified Bessel
 functions I0, I1, K0, K1 and the scaled K0, K1, written in torch ops with the same
 approximations (same coefficients, ranges and order of operations), each range
-selected with torch.where, so that they agree with eager to a few ulp.
+selected with torch.where, so that they agree with eager to a few ulp; and the
+orthogonal polynomials (Chebyshev, shifted Chebyshev, Hermite, Laguerre, Legendre)
+where their degree n is bounded (see below).
 
 Eager has no float16 or bfloat16 kernel for these ops; they are left to fail there.
 """
@@ -370,3 +372,163 @@ register_decomposition(aten.special_modified_bessel_k0.default)(_unary(lambda x:
 register_decomposition(aten.special_modified_bessel_k1.default)(_unary(lambda x: _modified_k(x, 1, scaled=False)))
 register_decomposition(aten.special_scaled_modified_bessel_k0.default)(_unary(lambda x: _modified_k(x, 0, scaled=True)))
 register_decomposition(aten.special_scaled_modified_bessel_k1.default)(_unary(lambda x: _modified_k(x, 1, scaled=True)))
+
+
+# --- Orthogonal polynomials ----------------------------------------------------
+#
+# ATen evaluates P_n(x) by its three-term recurrence, n steps for each element (n is a
+# tensor, truncated to an integer), except where a closed form holds (Chebyshev for
+# |x| < 1 past a small n) and at special points. Unrolled here to a bound that every n
+# the input can hold stays under: a Python number n, an n of a small integer dtype, or
+# Hermite's own cap (ATen returns NaN past n = 128 in float32). An n held in a float or
+# wide integer tensor may ask for any number of steps: those are left to fail.
+
+_N_BOUND = {torch.bool: 1, torch.uint8: 255, torch.int8: 127}
+_HERMITE_LIMIT = {torch.float32: 128, torch.float64: 512}
+_MAX_SCALAR_N = 256
+
+
+def _even(n: torch.Tensor) -> torch.Tensor:
+    return torch.remainder(n, 2.0) == 0.0
+
+
+def _pick(n: torch.Tensor, values: list[torch.Tensor]) -> torch.Tensor:
+    """values[n] for each element (0 where n is outside the list)."""
+    inside = (n >= 0.0) & (n < float(len(values)))
+    index = torch.where(inside, n, 0.0).to(torch.int64).unsqueeze(-1)
+    chosen = torch.gather(torch.stack(values, dim=-1), -1, index).squeeze(-1)
+    return torch.where(inside, chosen, 0.0)
+
+
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    return t.double() if t.dtype == torch.float32 else t
+
+
+def _fused(a: torch.Tensor, q: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """a * q - t rounded once, as the compiled kernels contract it (an FMA), with `a`
+    already `_wide`: exact for float32 through float64, where a * q is exact."""
+    return (a * _wide(q) - _wide(t)).to(q.dtype)
+
+
+def _three_term(first: torch.Tensor, step, bound: int) -> list[torch.Tensor]:
+    """[P_0 = 1, P_1 = first, ..., P_bound] with P_{k+1} = step(k, P_k, P_{k-1})."""
+    values = [torch.ones_like(first), first]
+    for k in range(1, bound):
+        values.append(step(k, values[-1], values[-2]))
+    return values[:bound + 1]
+
+
+def _chebyshev(kind: str, x, n, bound: int, shifted: bool):
+    """ATen's chebyshev_polynomial_{t,u,v,w} and their shifted forms."""
+    y = x + x - 1.0 if shifted else x
+    first = {"t": y, "u": y + y, "v": y + y - 1.0, "w": y + y + 1.0}[kind]
+    twice = _wide(y + y)
+    values = _three_term(first, lambda k, q, p: _fused(twice, q, p), bound)
+    theta = torch.acos(y)
+    even = _even(n)
+    odd_sign = torch.where(even, 1.0, -1.0).to(x.dtype)
+    if kind == "t":
+        closed = torch.cos(n * theta)
+    elif kind == "u":
+        s = torch.sin(theta)
+        closed = torch.where(s != 0.0, torch.sin((n + 1.0) * theta) / s, (n + 1.0) * torch.cos((n + 1.0) * theta) / y)
+    elif kind == "v":
+        closed = torch.where(torch.sin(theta / 2.0) != 1.0, torch.cos((n + 0.5) * theta) / torch.cos(theta / 2.0),
+                             odd_sign * (n + n + 1.0))
+    else:
+        fallback = odd_sign if shifted else torch.where(x > 0.0, n + n + 1.0, odd_sign)
+        closed = torch.where(torch.cos(theta / 2.0) != 1.0, torch.sin((n + 0.5) * theta) / torch.sin(theta / 2.0),
+                             fallback)
+    # The values at x = ±1 (y = ±1 for the shifted ones, at x = 1 and x = 0).
+    top = {"t": torch.ones_like(x), "u": n + 1.0, "v": torch.ones_like(x), "w": n + n + 1.0}[kind]
+    bottom = {"t": odd_sign, "u": odd_sign * (n + 1.0), "v": odd_sign * (n + n + 1.0), "w": odd_sign}[kind]
+    if kind in ("t", "u") and not shifted:
+        bottom = torch.where(even, top, bottom)
+    past = {"t": 6, "u": 8, "v": 8, "w": 8}[kind] if not shifted else {"t": 6, "u": 6, "v": 6, "w": 4}[kind]
+    at_top, at_bottom = (x == 1.0, x == 0.0) if shifted else (x == 1.0, x == -1.0)
+    return _select(
+        (n < 0.0, 0.0),
+        (at_top, top),
+        (at_bottom, bottom),
+        ((n > past) & (torch.abs(y) < 1.0), closed),
+        otherwise=_pick(n, values),
+    )
+
+
+def _hermite_h(x, n, bound: int):
+    twice = _wide(x + x)
+    values = _three_term(x + x, lambda k, q, p: _fused(twice, q, float(2 * k) * p), bound)
+    return _select((n > _HERMITE_LIMIT[x.dtype], math.nan), otherwise=_pick(n, values))
+
+
+def _hermite_he(x, n, bound: int):
+    wide = _wide(x)
+    values = _three_term(x, lambda k, q, p: _fused(wide, q, float(k) * p), bound)
+    return _select((n > _HERMITE_LIMIT[x.dtype], math.nan), otherwise=_pick(n, values))
+
+
+def _laguerre_l(x, n, bound: int):
+    values = _three_term(1.0 - x, lambda k, q, p: _fused(_wide(float(k + k) + (1.0 - x)), q, float(k) * p) / float(k + 1),
+                         bound)
+    return _select((n < 0.0, 0.0), (torch.abs(x) == 0.0, 1.0), otherwise=_pick(n, values))
+
+
+def _legendre_p(x, n, bound: int):
+    values = _three_term(x, lambda k, q, p: _fused(_wide(float(k + k + 1) * x), q, float(k) * p) / float(k + 1), bound)
+    sign = torch.where((x > 0.0) | _even(n), 1.0, -1.0).to(x.dtype)
+    return _select((n < 0.0, 0.0), (torch.abs(x) == 1.0, sign), otherwise=_pick(n, values))
+
+
+_POLYNOMIALS = {
+    aten.special_chebyshev_polynomial_t: lambda x, n, b: _chebyshev("t", x, n, b, shifted=False),
+    aten.special_chebyshev_polynomial_u: lambda x, n, b: _chebyshev("u", x, n, b, shifted=False),
+    aten.special_chebyshev_polynomial_v: lambda x, n, b: _chebyshev("v", x, n, b, shifted=False),
+    aten.special_chebyshev_polynomial_w: lambda x, n, b: _chebyshev("w", x, n, b, shifted=False),
+    aten.special_shifted_chebyshev_polynomial_t: lambda x, n, b: _chebyshev("t", x, n, b, shifted=True),
+    aten.special_shifted_chebyshev_polynomial_u: lambda x, n, b: _chebyshev("u", x, n, b, shifted=True),
+    aten.special_shifted_chebyshev_polynomial_v: lambda x, n, b: _chebyshev("v", x, n, b, shifted=True),
+    aten.special_shifted_chebyshev_polynomial_w: lambda x, n, b: _chebyshev("w", x, n, b, shifted=True),
+    aten.special_hermite_polynomial_h: _hermite_h,
+    aten.special_hermite_polynomial_he: _hermite_he,
+    aten.special_laguerre_polynomial_l: _laguerre_l,
+    aten.special_legendre_polynomial_p: _legendre_p,
+}
+
+
+def _as_integer(n: torch.Tensor) -> torch.Tensor:
+    """n as ATen's static_cast<int64_t> leaves it on x86: truncated toward zero, and
+    NaN, infinities and values out of int64's range become INT64_MIN (negative: -1 here)."""
+    n = torch.trunc(n)
+    return torch.where(torch.abs(n) < 2.0 ** 63, n, -1.0)
+
+
+def _polynomial(op, x, n):
+    packet = op.overloadpacket
+    dtype = torch.result_type(x, n)
+    if not dtype.is_floating_point:
+        dtype = torch.get_default_dtype()
+    if dtype not in (torch.float32, torch.float64):
+        return NotImplemented
+    hermite = packet in (aten.special_hermite_polynomial_h, aten.special_hermite_polynomial_he)
+    if isinstance(n, torch.Tensor):
+        bound = _N_BOUND.get(n.dtype)
+        if hermite:
+            bound = min(bound or math.inf, _HERMITE_LIMIT[dtype])
+        if bound is None:
+            return NotImplemented  # n may ask for any number of steps
+        if not isinstance(x, torch.Tensor):
+            x = torch.full_like(n, x, dtype=dtype)
+        x, n = torch.broadcast_tensors(x.to(dtype), _as_integer(n.to(dtype)))
+    else:
+        n = float(n)
+        whole = math.trunc(n) if math.isfinite(n) and abs(n) < 2.0 ** 63 else -1
+        bound = max(min(whole, _HERMITE_LIMIT[dtype] + 1) if hermite else whole, 1)
+        if bound > _MAX_SCALAR_N:
+            return NotImplemented
+        x = x.to(dtype)
+        n = torch.full_like(x, float(whole))
+    return _POLYNOMIALS[packet](x, n, bound)
+
+
+for _packet in _POLYNOMIALS:
+    register_decomposition(_packet.default, _packet.x_scalar, _packet.n_scalar)(_polynomial)
