@@ -27,3 +27,42 @@ def test_batch_norm_with_running_stats_update():
         return out[0], out[4], out[5]
 
     assert_matches_eager(fn, x, mean, var)
+
+
+EDGES = [0.0, -0.0, 1.0, -2.5, 0.75, 1e-40, -3e38, math.inf, -math.inf, math.nan]
+
+
+def test_floating_point_ops_from_the_encoding():
+    x = torch.tensor(EDGES)
+    y = torch.tensor(EDGES[::-1])
+
+    def fn(x, y):
+        return torch.hypot(x, y), torch.angle(x), torch.nextafter(x, y), *torch.frexp(x), torch.nextafter(x[0], y[0])
+
+    assert_matches_eager(fn, x, y, rtol=0, atol=0)
+    assert_matches_eager(lambda a, b: (torch.hypot(a, b), *torch.frexp(a)), x.half(), y.half())
+
+
+def test_gamma_family():
+    # No subnormals: IREE's float arithmetic treats them as zero (lgamma(1e-40) gives inf).
+    x = torch.cat([torch.linspace(-8.75, 8.5, 70), torch.tensor([e for e in EDGES if e != 1e-40]), torch.tensor([-3.0, 2.0])])
+
+    def fn(x):
+        return (torch.lgamma(x), torch.digamma(x), torch.polygamma(3, x),
+                # at the poles eager gives what its float sin(π·x) leaves (not 0): off them
+                torch.polygamma(1, x + 0.125),
+                torch.special.zeta(torch.full_like(x, 2.5), x.abs() + 0.5), torch.lgamma(x[:0]))
+
+    assert_matches_eager(fn, x, rtol=1e-5, atol=1e-5)
+
+
+def test_error_functions():
+    x = torch.cat([torch.linspace(-10, 12, 89), torch.tensor([math.inf, -math.inf, math.nan, 0.0])])
+    p = torch.cat([torch.linspace(0, 1, 41), torch.tensor([1e-30, 1e-8, 1 - 1e-7, -0.5, 2.0, math.nan])])
+
+    def fn(x, p):
+        return (torch.erfc(x), torch.special.erfcx(x), torch.special.log_ndtr(x), torch.special.ndtri(p),
+                torch.erfinv(2 * p - 1))
+
+    assert_matches_eager(fn, x, p, rtol=1e-5, atol=1e-5)
+    assert_matches_eager(lambda x, p: (torch.erfc(x), torch.erfinv(p)), x.half(), (2 * p - 1).half())

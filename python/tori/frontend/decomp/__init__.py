@@ -15,3 +15,6 @@ from tori.frontend.decomp import signs  # noqa: F401
 from tori.frontend.decomp import view_scatter  # noqa: F401
 from tori.frontend.decomp import factories  # noqa: F401
 from tori.frontend.decomp import logarithms  # noqa: F401
+from tori.frontend.decomp import floating  # noqa: F401
+from tori.frontend.decomp import gamma  # noqa: F401
+from tori.frontend.decomp import error_functions  # noqa: F401
