@@ -4,7 +4,7 @@ or refused, compared with eager; float32 and float16 in one graph each."""
 
 import torch
 
-from tori.testing import assert_matches_eager
+from tori.testing import assert_matches_eager, count_graphs
 
 NAN, INF = float("nan"), float("inf")
 SPECIAL = [3., 1., NAN, 1., 2., -INF, 3., 1., -0.0, 0.0, INF, NAN, -2.]
@@ -79,6 +79,37 @@ def test_cummax_cummin_take_the_latest_tie_and_nan():
         return torch.cummax(t, 1), torch.cummin(t, -1), torch.cummax(t[0, 0], 0)
 
     assert_matches_eager(lambda a, b: (scans(a), scans(b)), *both(rows))
+
+
+def test_logcumsumexp_of_large_and_infinite_values():
+    # IREE's own lowering took log(cumsum(exp(x))): infinite from x = 89 on.
+    rows = [[1e4, 1e4, -INF, -INF, 2., INF, -1e3, NAN, 3.], [-INF, -INF, -1e3, -1e3, 0., 1., 2., 3., 4.]]
+    assert_matches_eager(lambda a, b, s: (torch.logcumsumexp(a, 1), torch.logcumsumexp(b, -1),
+                                          torch.logcumsumexp(s, 0)), *both(rows), torch.tensor(1.5))
+
+
+def test_segment_reduce_by_lengths_and_offsets():
+    data = torch.tensor([1., NAN, 3., -2., 5., 0.5, 7.])
+    lengths, offsets = torch.tensor([2, 0, 3, 2]), torch.tensor([0, 2, 2, 5, 7])
+
+    def reduce(d, l, o):
+        return [(torch.segment_reduce(d, how, lengths=l), torch.segment_reduce(d, how, offsets=o, initial=1.5))
+                for how in ("max", "min", "sum", "mean", "prod")]
+
+    assert_matches_eager(reduce, data, lengths, offsets)
+
+
+def test_unique_consecutive_of_one_element():
+    # Its output size depends on the values: Dynamo captures it only with fullgraph.
+    def unique(t):
+        return torch.unique_consecutive(t, return_inverse=True, return_counts=True)
+
+    x = torch.tensor(1.5)
+    compiled = torch.compile(unique, backend="tori", fullgraph=True, options={"fallback": "error"})
+    with count_graphs() as count:
+        actual = compiled(x)
+    torch.testing.assert_close(actual, unique(x))
+    assert count.compiled_calls == 1 and count.fallback_calls == 0
 
 
 def test_scatter_along_a_negative_dim():

@@ -273,3 +273,94 @@ def scatter_along_a_negative_dim(op, x, dim, *args, **kwargs):
     if dim >= 0 or x.dim() == 0:
         return NotImplemented
     return op(x, dim % x.dim(), *args, **kwargs)
+
+
+def _log_add_exp(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """log(exp(a) + exp(b)) as eager's scan adds: max + log1p(exp(min - max)), and
+    the infinity itself where both are the same infinity."""
+    high, low = torch.maximum(a, b), torch.minimum(a, b)
+    total = high + torch.log1p(torch.exp(low - high))
+    return torch.where(torch.isinf(low) & (low == high), high, total)
+
+
+@register_decomposition(aten.logcumsumexp.default)
+def logcumsumexp(op, x, dim):
+    """A Hillis-Steele scan of log-add-exp (float16 in float32, as eager accumulates);
+    IREE's own lowering takes log(cumsum(exp(x))), infinite from x = 89 on."""
+    if not x.dtype.is_floating_point:
+        return NotImplemented
+    if x.dim() == 0:
+        return x.clone()
+    dim = dim % x.dim()
+    n = x.shape[dim]
+    total = x.to(torch.float32) if x.dtype in (torch.float16, torch.bfloat16) else x
+    step = 1
+    while step < n:
+        pad = list(x.shape)
+        pad[dim] = step
+        before = torch.cat([torch.full(pad, -torch.inf, dtype=total.dtype, device=x.device),
+                            total.narrow(dim, 0, n - step)], dim)
+        total = _log_add_exp(before, total)
+        step *= 2
+    return total.to(x.dtype)
+
+
+@register_decomposition(aten.unique_consecutive.default)
+def unique_consecutive_of_one_element(op, x, return_inverse=False, return_counts=False, dim=None):
+    """Only where the result's size is known while tracing: at most one element (one
+    slice along `dim`) has itself as its one run; a longer input is left whole."""
+    length = x.numel() if dim is None else x.shape[dim] if x.dim() else 1
+    if length > 1:
+        return NotImplemented
+    values = x.reshape(-1).clone() if dim is None else x.clone()
+    no_index = torch.zeros(0, dtype=torch.int64, device=x.device)
+    inverse = torch.zeros(x.shape if dim is None else (length,), dtype=torch.int64, device=x.device)
+    counts = torch.ones(length, dtype=torch.int64, device=x.device)
+    return values, inverse if return_inverse else no_index, counts if return_counts else no_index
+
+
+_SEGMENT_START = {"max": -torch.inf, "min": torch.inf, "sum": 0.0, "mean": 0.0, "prod": 1.0}
+
+
+@register_decomposition(aten.segment_reduce.default)
+def segment_reduce(op, data, reduce, *, lengths=None, indices=None, offsets=None, axis=0, unsafe=False,
+                   initial=None):
+    """Each segment as a mask over the data (segments x elements), reduced as eager's
+    loop does: from `initial` (or the reduction's identity), a NaN sticking in max/min,
+    an empty segment's mean NaN without `initial`."""
+    bounds = lengths if lengths is not None else offsets
+    if (reduce not in _SEGMENT_START or indices is not None or bounds is None or bounds.dim() != 1 or axis != 0
+            or data.dim() == 0 or not data.dtype.is_floating_point):
+        return NotImplemented
+    if lengths is not None:
+        ends = torch.cumsum(lengths, 0)
+        starts, count = ends - lengths, lengths
+    else:
+        starts, ends = offsets[:-1], offsets[1:]
+        count = ends - starts
+    n = data.shape[0]
+    if bounds.numel() * n * max(1, data[0].numel()) > _MAX_PAIRS:
+        return NotImplemented
+    position = torch.arange(n, device=data.device)
+    member = (starts.unsqueeze(1) <= position) & (position < ends.unsqueeze(1))  # segments x elements
+    member = member.view(member.shape + (1,) * (data.dim() - 1))
+    rows = data.unsqueeze(0)
+    start = torch.full((), _SEGMENT_START[reduce] if initial is None else initial, dtype=data.dtype,
+                       device=data.device)
+    count = count.view(count.shape + (1,) * (data.dim() - 1))
+    if reduce in ("max", "min"):
+        nan = (member & torch.isnan(rows)).sum(1) > 0
+        fill = torch.full((), _SEGMENT_START[reduce], dtype=data.dtype, device=data.device)
+        kept = torch.where(member & ~torch.isnan(rows), rows, fill)
+        if reduce == "max":
+            result = torch.maximum(kept.amax(1), start)
+        else:
+            result = torch.minimum(kept.amin(1), start)
+        return torch.where(nan, torch.full_like(result, torch.nan), result)
+    if reduce == "prod":
+        return start * torch.where(member, rows, torch.ones_like(rows)).prod(1)
+    total = start + torch.where(member, rows, torch.zeros_like(rows)).sum(1)
+    if reduce == "sum":
+        return total
+    empty = torch.full_like(total, torch.nan) if initial is None else total
+    return torch.where(count > 0, total / count.clamp(min=1).to(data.dtype), empty)
