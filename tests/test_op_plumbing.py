@@ -83,3 +83,24 @@ def test_empty_tensors_compile():
 
     shapes = [(0, 5), (5, 0), (1, 0, 3), (1, 0, 1, 1), (0, 1, 5, 5), (0, 3), (4,)]
     assert_matches_eager(ops, *(torch.randn(s) for s in shapes))
+
+
+def test_nonzero_of_a_0d_tensor():
+    # iree-compile crashed (SIGSEGV) on it; a data-dependent size, so one graph per call.
+    for value in (0.0, 3.0):
+        compiled = torch.compile(torch.nonzero, backend="tori", fullgraph=True, options={"fallback": "error"})
+        x = torch.tensor(value)
+        out = compiled(x)
+        assert out.shape == torch.nonzero(x).shape and out.dtype == torch.int64
+
+
+def test_embedding_bag_sum_uses_the_per_sample_weights():
+    # IREE's own lowering ignored per_sample_weights: a silently wrong sum.
+    weight, indices, weights = torch.randn(10, 5), torch.tensor([1, 2, 4, 5, 4, 3, 0]), torch.randn(7)
+
+    def bags(w, i, o, p, last):
+        return (torch.nn.functional.embedding_bag(i, w, o, mode="sum", per_sample_weights=p),
+                torch.nn.functional.embedding_bag(i, w, last, mode="sum", per_sample_weights=p,
+                                                  include_last_offset=True, padding_idx=4))
+
+    assert_matches_eager(bags, weight, indices, torch.tensor([0, 0, 3]), weights, torch.tensor([0, 3, 7]))

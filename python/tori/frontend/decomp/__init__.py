@@ -18,3 +18,5 @@ from tori.frontend.decomp import logarithms  # noqa: F401
 from tori.frontend.decomp import floating  # noqa: F401
 from tori.frontend.decomp import gamma  # noqa: F401
 from tori.frontend.decomp import error_functions  # noqa: F401
+from tori.frontend.decomp import nonzero  # noqa: F401
+from tori.frontend.decomp import embedding_bag  # noqa: F401
