@@ -66,3 +66,44 @@ def test_error_functions():
 
     assert_matches_eager(fn, x, p, rtol=1e-5, atol=1e-5)
     assert_matches_eager(lambda x, p: (torch.erfc(x), torch.erfinv(p)), x.half(), (2 * p - 1).half())
+
+
+def test_bessel_functions():
+    x = torch.cat([torch.linspace(-30, 30, 121), torch.tensor([math.inf, -math.inf, math.nan, 0.0, 5.0, 8.0])])
+
+    def fn(x):
+        return (torch.special.bessel_j0(x), torch.special.bessel_j1(x), torch.special.spherical_bessel_j0(x),
+                torch.i0(x / 4), torch.special.i0e(x), torch.special.i1(x / 4), torch.special.i1e(x))
+
+    assert_matches_eager(fn, x, rtol=1e-5, atol=1e-5)
+
+
+def test_distances_and_pooling():
+    a, b = torch.randn(2, 4, 3), torch.randn(2, 30, 3)
+    rows = torch.randn(5, 3)
+    x = torch.randn(2, 3, 7, 6)
+    x[0, 0, 1, 1] = math.nan
+
+    def fn(a, b, rows, x):
+        return (torch.cdist(a, b), torch.cdist(a, b[:, :5], p=1.5), torch.nn.functional.pdist(rows, p=math.inf),
+                torch.dist(a, b[:, :4], p=3), *torch.nn.functional.adaptive_max_pool2d(x, (3, 4), return_indices=True),
+                torch.prod(rows[0, 0], 0))
+
+    assert_matches_eager(fn, a, b, rows, x, rtol=1e-5, atol=1e-5)
+    big = torch.full((64, 64), 30.0, dtype=torch.float16)
+    assert_matches_eager(lambda t: torch.dist(t, -t), big)  # a float16 sum of squares overflows
+
+
+def test_indexing_ops():
+    x, source = torch.randn(5, 4), torch.randn(6, 4)
+    index = torch.tensor([0, 4, 4, 1, 0, 2])
+    sequence = torch.tensor([-1.0, 0.0, 0.5, 2.0, math.nan])
+    values = torch.tensor([[-2.0, 0.0, 0.25], [2.0, math.nan, 3.0]])
+
+    def fn(x, source, index, sequence, values):
+        return (x.index_reduce(0, index, source, "amax"), x.index_reduce(0, index, source, "mean", include_self=False),
+                torch.put(x, index, source[0, :3].repeat(2)), torch.put(x, index, source[1, :3].repeat(2), accumulate=True),
+                torch.searchsorted(sequence, values), torch.searchsorted(sequence, values, right=True),
+                torch.histc(x, bins=6), torch.histc(x, bins=4, min=-1, max=1))
+
+    assert_matches_eager(fn, x, source, index, sequence, values)

@@ -20,3 +20,8 @@ from tori.frontend.decomp import gamma  # noqa: F401
 from tori.frontend.decomp import error_functions  # noqa: F401
 from tori.frontend.decomp import nonzero  # noqa: F401
 from tori.frontend.decomp import embedding_bag  # noqa: F401
+from tori.frontend.decomp import distances  # noqa: F401
+from tori.frontend.decomp import pooling  # noqa: F401
+from tori.frontend.decomp import products  # noqa: F401
+from tori.frontend.decomp import indexing  # noqa: F401
+from tori.frontend.decomp import bessel  # noqa: F401

@@ -18,6 +18,7 @@ FROM_PYTORCH: tuple[torch._ops.OpOverload, ...] = (
     aten.cumprod.default,
     aten.narrow_copy.default,
     aten.max_pool2d_with_indices.default,
+    aten.max_pool3d_with_indices.default,
     aten._batch_norm_with_update_functional.default,
     # Ops IREE's torch lowering leaves whole (its error names a leftover constant).
     aten.as_strided_copy.default,
