@@ -104,3 +104,9 @@ def test_embedding_bag_sum_uses_the_per_sample_weights():
                                                   include_last_offset=True, padding_idx=4))
 
     assert_matches_eager(bags, weight, indices, torch.tensor([0, 0, 3]), weights, torch.tensor([0, 3, 7]))
+
+
+def test_take_of_a_0d_index():
+    # Torch-MLIR's decomposition read the index as a Python integer (data-dependent).
+    x = torch.randn(3, 3)
+    assert_matches_eager(lambda t, i, j: (torch.take(t, i), torch.take(t, j)), x, torch.tensor(4), torch.tensor(-2))
