@@ -1,0 +1,40 @@
+"""float16 and bfloat16 ops are computed in float32 and rounded once, as eager's CPU
+kernels do (tori.frontend.decomp.half_precision)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tori.testing import count_graphs
+
+
+def _compiled(fn, *args):
+    torch._dynamo.reset()
+    with count_graphs() as count:
+        result = torch.compile(fn, backend="tori", options={"fallback": "error"})(*args)
+    assert count.compiled_graphs == 1 and count.compiled_calls == 1 and count.fallback_graphs == 0
+    return result
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_addcdiv_split_by_dynamo_rounds_once_like_eager(dtype):
+    torch.manual_seed(0)
+    x, a, b = (torch.randn(64, dtype=dtype) for _ in range(3))
+    fn = lambda x, a, b: torch.addcdiv(x, a, b, value=3.14)  # noqa: E731
+    assert torch.equal(_compiled(fn, x, a, b), fn(x, a, b))
+
+
+def test_a_norm_whose_squares_overflow_float16_stays_finite():
+    x = torch.full((16,), 300.0, dtype=torch.float16)  # 300**2 > float16's largest, 65504
+    fn = lambda x: torch.linalg.vector_norm(x)  # noqa: E731
+    result = _compiled(fn, x)
+    assert torch.isfinite(result) and result.dtype == torch.float16
+    torch.testing.assert_close(result, fn(x))
+
+
+def test_matrix_product_accumulates_in_float32():
+    torch.manual_seed(0)
+    a, b = torch.randn(8, 512, dtype=torch.float16), torch.randn(512, 8, dtype=torch.float16)
+    expected = (a.float() @ b.float()).half()
+    torch.testing.assert_close(_compiled(torch.mm, a, b), expected, rtol=1e-3, atol=1e-3)
