@@ -110,3 +110,15 @@ def test_take_of_a_0d_index():
     # Torch-MLIR's decomposition read the index as a Python integer (data-dependent).
     x = torch.randn(3, 3)
     assert_matches_eager(lambda t, i, j: (torch.take(t, i), torch.take(t, j)), x, torch.tensor(4), torch.tensor(-2))
+
+
+def test_avg_pool3d_with_windows_that_do_not_tile():
+    # IREE's lowering failed ("inferred ... dimension #0 to be 3, but found 2").
+    pool = torch.nn.functional.avg_pool3d
+
+    def pools(a, b):
+        return (pool(a, 2), pool(b, 2, stride=1, padding=1, ceil_mode=True, count_include_pad=False),
+                pool(b, (2, 3, 4), stride=(1, 2, 2), padding=(0, 1, 2), ceil_mode=True, divisor_override=2),
+                pool(b, 3, stride=2, padding=1, ceil_mode=True))
+
+    assert_matches_eager(pools, torch.randn(2, 3, 3, 4, 4), torch.randn(1, 2, 5, 5, 5))

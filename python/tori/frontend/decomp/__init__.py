@@ -26,3 +26,4 @@ from tori.frontend.decomp import products  # noqa: F401
 from tori.frontend.decomp import indexing  # noqa: F401
 from tori.frontend.decomp import bessel  # noqa: F401
 from tori.frontend.decomp import take  # noqa: F401
+from tori.frontend.decomp import avg_pool  # noqa: F401
