@@ -112,11 +112,14 @@ def test_unique_consecutive_of_one_element():
     assert count.compiled_calls == 1 and count.fallback_calls == 0
 
 
-def test_scatter_along_a_negative_dim():
-    # iree-compile crashed on it; the backward of topk(dim=-1) makes one.
-    index = torch.tensor([[0, 2], [1, 3]])
-    assert_matches_eager(lambda z, s: (torch.scatter(z, -1, index, s), torch.scatter_add(z, -1, index, s)),
-                         torch.zeros(2, 5), torch.ones(2, 2))
+def test_scatter_along_a_negative_dim_and_with_reduce():
+    # iree-compile crashed on a negative dim (the backward of topk(dim=-1) makes one),
+    # and had no lowering for reduce="add"/"multiply".
+    index = torch.tensor([[0, 2, 0], [1, 3, 1]])
+    assert_matches_eager(lambda z, s: (torch.scatter(z, -1, index, s), torch.scatter_add(z, -1, index, s),
+                                       torch.scatter(z, 1, index, s, reduce="add"),
+                                       torch.scatter(z, -1, index, 2.0, reduce="multiply")),
+                         torch.randn(2, 5), torch.randn(2, 4))
 
 
 def test_selection_ops_train():

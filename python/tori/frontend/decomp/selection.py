@@ -265,12 +265,26 @@ def cumulative_extreme(op, x, dim):
     return torch.gather(x, dim, index), index
 
 
+_SCATTER_REDUCE = {"add": "sum", "multiply": "prod"}
+
+
 @register_decomposition(aten.scatter.src, aten.scatter.value, aten.scatter.reduce, aten.scatter.value_reduce,
                         aten.scatter_add.default, aten.scatter_reduce.two)
 def scatter_along_a_negative_dim(op, x, dim, *args, **kwargs):
     """iree-compile crashes (SIGSEGV in TorchToTMTensor) on a scatter along a negative
-    dim, which the backward of every op here makes from the caller's dim=-1."""
-    if dim >= 0 or x.dim() == 0:
+    dim, which the backward of every op here makes from the caller's dim=-1; and
+    IREE has no lowering for scatter's `reduce=` forms, which are scatter_reduce's
+    sum and prod with the destination included."""
+    if x.dim() == 0:
+        return NotImplemented
+    if op in (aten.scatter.reduce, aten.scatter.value_reduce):
+        index, src, reduce = args[0], args[1], kwargs.get("reduce", args[2] if len(args) > 2 else None)
+        if reduce not in _SCATTER_REDUCE:
+            return NotImplemented
+        if op is aten.scatter.value_reduce:
+            src = torch.full(index.shape, src, dtype=x.dtype, device=x.device)
+        return aten.scatter_reduce.two(x, dim % x.dim(), index, src, _SCATTER_REDUCE[reduce], include_self=True)
+    if dim >= 0:
         return NotImplemented
     return op(x, dim % x.dim(), *args, **kwargs)
 
