@@ -392,14 +392,6 @@ def _even(n: torch.Tensor) -> torch.Tensor:
     return torch.remainder(n, 2.0) == 0.0
 
 
-def _pick(n: torch.Tensor, values: list[torch.Tensor]) -> torch.Tensor:
-    """values[n] for each element (0 where n is outside the list)."""
-    inside = (n >= 0.0) & (n < float(len(values)))
-    index = torch.where(inside, n, 0.0).to(torch.int64).unsqueeze(-1)
-    chosen = torch.gather(torch.stack(values, dim=-1), -1, index).squeeze(-1)
-    return torch.where(inside, chosen, 0.0)
-
-
 def _wide(t: torch.Tensor) -> torch.Tensor:
     return t.double() if t.dtype == torch.float32 else t
 
@@ -410,12 +402,16 @@ def _fused(a: torch.Tensor, q: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     return (a * _wide(q) - _wide(t)).to(q.dtype)
 
 
-def _three_term(first: torch.Tensor, step, bound: int) -> list[torch.Tensor]:
-    """[P_0 = 1, P_1 = first, ..., P_bound] with P_{k+1} = step(k, P_k, P_{k-1})."""
-    values = [torch.ones_like(first), first]
+def _recurrence(first: torch.Tensor, step, n: torch.Tensor, bound: int) -> torch.Tensor:
+    """P_n for 0 <= n <= bound, where P_0 = 1, P_1 = first and P_{k+1} = step(k, P_k, P_{k-1}):
+    `bound` steps, each element keeping its P_n once reached. (Keeping every P_k for a
+    final pick made IREE read them all in one dispatch, past its runtime's 64 bindings.)"""
+    p, q = torch.ones_like(first), first
     for k in range(1, bound):
-        values.append(step(k, values[-1], values[-2]))
-    return values[:bound + 1]
+        r = step(k, q, p)
+        going = n > float(k)
+        p, q = torch.where(going, q, p), torch.where(going, r, q)
+    return torch.where(n == 0.0, torch.ones_like(q), q)
 
 
 def _chebyshev(kind: str, x, n, bound: int, shifted: bool):
@@ -423,7 +419,7 @@ def _chebyshev(kind: str, x, n, bound: int, shifted: bool):
     y = x + x - 1.0 if shifted else x
     first = {"t": y, "u": y + y, "v": y + y - 1.0, "w": y + y + 1.0}[kind]
     twice = _wide(y + y)
-    values = _three_term(first, lambda k, q, p: _fused(twice, q, p), bound)
+    recurrence = _recurrence(first, lambda k, q, p: _fused(twice, q, p), n, bound)
     theta = torch.acos(y)
     even = _even(n)
     odd_sign = torch.where(even, 1.0, -1.0).to(x.dtype)
@@ -451,32 +447,33 @@ def _chebyshev(kind: str, x, n, bound: int, shifted: bool):
         (at_top, top),
         (at_bottom, bottom),
         ((n > past) & (torch.abs(y) < 1.0), closed),
-        otherwise=_pick(n, values),
+        otherwise=recurrence,
     )
 
 
 def _hermite_h(x, n, bound: int):
     twice = _wide(x + x)
-    values = _three_term(x + x, lambda k, q, p: _fused(twice, q, float(2 * k) * p), bound)
-    return _select((n > _HERMITE_LIMIT[x.dtype], math.nan), otherwise=_pick(n, values))
+    recurrence = _recurrence(x + x, lambda k, q, p: _fused(twice, q, float(2 * k) * p), n, bound)
+    return _select((n < 0.0, 0.0), (n > _HERMITE_LIMIT[x.dtype], math.nan), otherwise=recurrence)
 
 
 def _hermite_he(x, n, bound: int):
     wide = _wide(x)
-    values = _three_term(x, lambda k, q, p: _fused(wide, q, float(k) * p), bound)
-    return _select((n > _HERMITE_LIMIT[x.dtype], math.nan), otherwise=_pick(n, values))
+    recurrence = _recurrence(x, lambda k, q, p: _fused(wide, q, float(k) * p), n, bound)
+    return _select((n < 0.0, 0.0), (n > _HERMITE_LIMIT[x.dtype], math.nan), otherwise=recurrence)
 
 
 def _laguerre_l(x, n, bound: int):
-    values = _three_term(1.0 - x, lambda k, q, p: _fused(_wide(float(k + k) + (1.0 - x)), q, float(k) * p) / float(k + 1),
-                         bound)
-    return _select((n < 0.0, 0.0), (torch.abs(x) == 0.0, 1.0), otherwise=_pick(n, values))
+    recurrence = _recurrence(
+        1.0 - x, lambda k, q, p: _fused(_wide(float(k + k) + (1.0 - x)), q, float(k) * p) / float(k + 1), n, bound)
+    return _select((n < 0.0, 0.0), (torch.abs(x) == 0.0, 1.0), otherwise=recurrence)
 
 
 def _legendre_p(x, n, bound: int):
-    values = _three_term(x, lambda k, q, p: _fused(_wide(float(k + k + 1) * x), q, float(k) * p) / float(k + 1), bound)
+    recurrence = _recurrence(
+        x, lambda k, q, p: _fused(_wide(float(k + k + 1) * x), q, float(k) * p) / float(k + 1), n, bound)
     sign = torch.where((x > 0.0) | _even(n), 1.0, -1.0).to(x.dtype)
-    return _select((n < 0.0, 0.0), (torch.abs(x) == 1.0, sign), otherwise=_pick(n, values))
+    return _select((n < 0.0, 0.0), (torch.abs(x) == 1.0, sign), otherwise=recurrence)
 
 
 _POLYNOMIALS = {
