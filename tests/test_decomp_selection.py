@@ -133,3 +133,16 @@ def test_selection_ops_train():
     compiled = torch.compile(loss, backend="tori", options={"fallback": "error"})
     actual = torch.autograd.grad(compiled(x), x)[0]
     torch.testing.assert_close(actual, expected)
+
+
+def test_segment_reduce_trains():
+    # Ties share a positive gradient and each keep a negative one, as eager's kernel does.
+    data = torch.tensor([5., 5., 5., -2., 5., 1., 7.], requires_grad=True)
+    lengths, weight = torch.tensor([3, 0, 2, 2]), torch.tensor([3., 2., -3., 4.])
+
+    def loss(d, l):
+        return sum((torch.segment_reduce(d, how, lengths=l) * weight).sum() for how in ("max", "min", "mean", "sum"))
+
+    expected = torch.autograd.grad(loss(data, lengths), data)[0]
+    compiled = torch.compile(loss, backend="tori", options={"fallback": "error"})
+    torch.testing.assert_close(torch.autograd.grad(compiled(data, lengths), data)[0], expected)

@@ -336,16 +336,14 @@ def unique_consecutive_of_one_element(op, x, return_inverse=False, return_counts
 _SEGMENT_START = {"max": -torch.inf, "min": torch.inf, "sum": 0.0, "mean": 0.0, "prod": 1.0}
 
 
-@register_decomposition(aten.segment_reduce.default)
-def segment_reduce(op, data, reduce, *, lengths=None, indices=None, offsets=None, axis=0, unsafe=False,
-                   initial=None):
-    """Each segment as a mask over the data (segments x elements), reduced as eager's
-    loop does: from `initial` (or the reduction's identity), a NaN sticking in max/min,
-    an empty segment's mean NaN without `initial`."""
+def _segment_members(data, lengths, offsets, axis):
+    """(member, count): whether element j lies in segment s (segments x elements,
+    broadcasting over the data's other dims), and each segment's length; None where
+    the formulation does not apply."""
     bounds = lengths if lengths is not None else offsets
-    if (reduce not in _SEGMENT_START or indices is not None or bounds is None or bounds.dim() != 1 or axis != 0
-            or data.dim() == 0 or not data.dtype.is_floating_point):
-        return NotImplemented
+    if (bounds is None or bounds.dim() != 1 or axis != 0 or data.dim() == 0
+            or not data.dtype.is_floating_point):
+        return None
     if lengths is not None:
         ends = torch.cumsum(lengths, 0)
         starts, count = ends - lengths, lengths
@@ -354,14 +352,26 @@ def segment_reduce(op, data, reduce, *, lengths=None, indices=None, offsets=None
         count = ends - starts
     n = data.shape[0]
     if bounds.numel() * n * max(1, data[0].numel()) > _MAX_PAIRS:
-        return NotImplemented
+        return None
     position = torch.arange(n, device=data.device)
-    member = (starts.unsqueeze(1) <= position) & (position < ends.unsqueeze(1))  # segments x elements
-    member = member.view(member.shape + (1,) * (data.dim() - 1))
+    member = (starts.unsqueeze(1) <= position) & (position < ends.unsqueeze(1))
+    trailing = (1,) * (data.dim() - 1)
+    return member.view(member.shape + trailing), count.view(count.shape + trailing)
+
+
+@register_decomposition(aten.segment_reduce.default)
+def segment_reduce(op, data, reduce, *, lengths=None, indices=None, offsets=None, axis=0, unsafe=False,
+                   initial=None):
+    """Each segment as a mask over the data (segments x elements), reduced as eager's
+    loop does: from `initial` (or the reduction's identity), a NaN sticking in max/min,
+    an empty segment's mean NaN without `initial`."""
+    members = _segment_members(data, lengths, offsets, axis)
+    if reduce not in _SEGMENT_START or indices is not None or members is None:
+        return NotImplemented
+    member, count = members
     rows = data.unsqueeze(0)
     start = torch.full((), _SEGMENT_START[reduce] if initial is None else initial, dtype=data.dtype,
                        device=data.device)
-    count = count.view(count.shape + (1,) * (data.dim() - 1))
     if reduce in ("max", "min"):
         nan = (member & torch.isnan(rows)).sum(1) > 0
         fill = torch.full((), _SEGMENT_START[reduce], dtype=data.dtype, device=data.device)
@@ -378,3 +388,22 @@ def segment_reduce(op, data, reduce, *, lengths=None, indices=None, offsets=None
         return total
     empty = torch.full_like(total, torch.nan) if initial is None else total
     return torch.where(count > 0, total / count.clamp(min=1).to(data.dtype), empty)
+
+
+@register_decomposition(aten._segment_reduce_backward.default)
+def segment_reduce_backward(op, grad, output, data, reduce, *, lengths=None, offsets=None, axis=0, initial=None):
+    """As eager's CPU kernel: max/min send the gradient to every element equal to the
+    result (or NaN), divided among them only where it is positive; mean divides by
+    the length."""
+    members = _segment_members(data, lengths, offsets, axis)
+    if reduce not in ("max", "min", "sum", "mean") or members is None:
+        return NotImplemented
+    member, count = members
+    rows, share = data.unsqueeze(0), grad.unsqueeze(1)
+    if reduce in ("max", "min"):
+        member = member & (torch.isnan(rows) | (rows == output.unsqueeze(1)))
+        hits = member.sum(1, keepdim=True)
+        share = torch.where((hits > 1) & (share > 0), share / hits.clamp(min=1).to(share.dtype), share)
+    elif reduce == "mean":
+        share = share / count.unsqueeze(1).clamp(min=1).to(share.dtype)
+    return torch.where(member, share, torch.zeros_like(share)).sum(0)
