@@ -107,3 +107,21 @@ def test_indexing_ops():
                 torch.histc(x, bins=6), torch.histc(x, bins=4, min=-1, max=1))
 
     assert_matches_eager(fn, x, source, index, sequence, values)
+
+
+@pytest.mark.parametrize("mode, padding", [("bilinear", "zeros"), ("nearest", "reflection"), ("bilinear", "border")])
+def test_grid_sample_3d(mode, padding):
+    volume, grid = torch.randn(2, 3, 4, 5, 6), torch.rand(2, 3, 4, 2, 3) * 2.6 - 1.3
+    assert_matches_eager(
+        lambda v, g: torch.nn.functional.grid_sample(v, g, mode=mode, padding_mode=padding, align_corners=False),
+        volume, grid, rtol=1e-5, atol=1e-5)
+
+
+def test_antialiased_bilinear_resize():
+    x = torch.randn(1, 2, 9, 8)
+
+    def fn(x):
+        return (torch.nn.functional.interpolate(x, size=(4, 3), mode="bilinear", antialias=True),
+                torch.nn.functional.interpolate(x, size=(13, 5), mode="bilinear", antialias=True, align_corners=True))
+
+    assert_matches_eager(fn, x, rtol=1e-5, atol=1e-5)

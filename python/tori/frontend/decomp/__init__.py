@@ -27,3 +27,5 @@ from tori.frontend.decomp import indexing  # noqa: F401
 from tori.frontend.decomp import bessel  # noqa: F401
 from tori.frontend.decomp import take  # noqa: F401
 from tori.frontend.decomp import avg_pool  # noqa: F401
+from tori.frontend.decomp import sampling  # noqa: F401
+from tori.frontend.decomp import resampling  # noqa: F401

@@ -10,21 +10,10 @@ import torch
 from tori.frontend.decomp.special import (
     _3PI_4, _I0_A, _I0_B, _I1_A, _I1_B, _J0_PP, _J0_PQ, _J0_QP, _J0_QQ, _J1_PP, _J1_PQ, _J1_QP, _J1_QQ, _PI_4,
     _bessel_j0_small, _bessel_j1_small, _chbevl, _hankel, _modified_i0, _modified_i1)
+from tori.frontend.decomp.floating import in_float32
 from tori.frontend.decompositions import register_decomposition
 
 aten = torch.ops.aten
-
-
-def _unary(function):
-    def decompose(op, x):
-        if torch.get_default_dtype() != torch.float32 or x.dtype == torch.float64 or x.dtype.is_complex:
-            return NotImplemented
-        dtype = x.dtype if x.dtype.is_floating_point else torch.float32
-        if x.numel() == 0:
-            return torch.empty(x.shape, dtype=dtype, device=x.device)
-        return function(x.to(torch.float32)).to(dtype)
-
-    return decompose
 
 
 def _j0(x: torch.Tensor) -> torch.Tensor:
@@ -61,10 +50,10 @@ def _i1e(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x < 0, -magnitude, magnitude)
 
 
-register_decomposition(aten.special_bessel_j0.default)(_unary(_j0))
-register_decomposition(aten.special_bessel_j1.default)(_unary(_j1))
-register_decomposition(aten.special_spherical_bessel_j0.default)(_unary(_spherical_j0))
-register_decomposition(aten.i0.default)(_unary(_modified_i0))
-register_decomposition(aten.special_i0e.default)(_unary(_i0e))
-register_decomposition(aten.special_i1.default)(_unary(_modified_i1))
-register_decomposition(aten.special_i1e.default)(_unary(_i1e))
+register_decomposition(aten.special_bessel_j0.default)(in_float32(_j0))
+register_decomposition(aten.special_bessel_j1.default)(in_float32(_j1))
+register_decomposition(aten.special_spherical_bessel_j0.default)(in_float32(_spherical_j0))
+register_decomposition(aten.i0.default)(in_float32(_modified_i0))
+register_decomposition(aten.special_i0e.default)(in_float32(_i0e))
+register_decomposition(aten.special_i1.default)(in_float32(_modified_i1))
+register_decomposition(aten.special_i1e.default)(in_float32(_i1e))

@@ -12,7 +12,6 @@ from tori.frontend.decompositions import register_decomposition
 
 aten = torch.ops.aten
 
-_HALF = (torch.float16, torch.bfloat16)
 
 
 def _p_norm(diff: torch.Tensor, p: float, dim: int) -> torch.Tensor:

@@ -9,6 +9,7 @@ import math
 
 import torch
 
+from tori.frontend.decomp.floating import in_float32
 from tori.frontend.decompositions import register_decomposition
 
 aten = torch.ops.aten
@@ -16,29 +17,6 @@ aten = torch.ops.aten
 _TAIL_FROM = 1.5  # below, 1 - erf(x) keeps float32 accuracy
 _FRACTION_TERMS = 20  # relative error 1.4e-7 at 1.5, less beyond
 _1_SQRT_PI = 1 / math.sqrt(math.pi)
-
-
-def _as_float(x: torch.Tensor) -> tuple[torch.Tensor, torch.dtype] | None:
-    if torch.get_default_dtype() != torch.float32:
-        return None
-    if x.dtype in (torch.float32, torch.float16, torch.bfloat16):
-        return x.to(torch.float32), x.dtype
-    if x.dtype.is_floating_point or x.dtype.is_complex:
-        return None
-    return x.to(torch.float32), torch.float32
-
-
-def _unary(function):
-    def decompose(op, x):
-        converted = _as_float(x)
-        if converted is None:
-            return NotImplemented
-        x, dtype = converted
-        if x.numel() == 0:  # iree-compile crashed (SIGFPE) on divisions of empty tensors beside 0-d ones
-            return torch.empty(x.shape, dtype=dtype, device=x.device)
-        return function(x).to(dtype)
-
-    return decompose
 
 
 def _erfcx_tail(x: torch.Tensor) -> torch.Tensor:
@@ -111,7 +89,7 @@ def _ndtri(p: torch.Tensor) -> torch.Tensor:
     return torch.where((p < 0) | (p > 1) | torch.isnan(p), torch.full_like(p, math.nan), result)
 
 
-register_decomposition(aten.erfc.default)(_unary(_erfc))
-register_decomposition(aten.special_erfcx.default)(_unary(_erfcx))
-register_decomposition(aten.erfinv.default)(_unary(_erfinv))
-register_decomposition(aten.special_ndtri.default)(_unary(_ndtri))
+register_decomposition(aten.erfc.default)(in_float32(_erfc))
+register_decomposition(aten.special_erfcx.default)(in_float32(_erfcx))
+register_decomposition(aten.erfinv.default)(in_float32(_erfinv))
+register_decomposition(aten.special_ndtri.default)(in_float32(_ndtri))

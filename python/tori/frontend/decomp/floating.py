@@ -19,6 +19,26 @@ _ENCODING = {
 }
 
 
+def in_float32(function):
+    """A unary decomposition that computes `function` in float32, as eager's CPU
+    kernels do for half precision (the result rounds back); integers and bools give
+    float32, the default dtype; float64 and complex are left undecomposed. An empty
+    input gives an empty result without computing: iree-compile crashed (SIGFPE) on
+    divisions of empty tensors beside 0-d ones."""
+
+    def decompose(op, x):
+        if torch.get_default_dtype() != torch.float32 or x.dtype == torch.float64 or x.dtype.is_complex:
+            return NotImplemented
+        if x.dtype.is_floating_point and x.dtype not in _ENCODING:
+            return NotImplemented
+        dtype = x.dtype if x.dtype.is_floating_point else torch.float32
+        if x.numel() == 0:
+            return torch.empty(x.shape, dtype=dtype, device=x.device)
+        return function(x.to(torch.float32)).to(dtype)
+
+    return decompose
+
+
 def _bitcast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     # iree-compile crashes (signal 11) on a bit cast of a 0-d tensor; a 1-element one works.
     if t.dim() == 0:

@@ -10,32 +10,10 @@ import math
 
 import torch
 
+from tori.frontend.decomp.floating import in_float32
 from tori.frontend.decompositions import register_decomposition
 
 aten = torch.ops.aten
-
-
-def _as_float(x: torch.Tensor) -> tuple[torch.Tensor, torch.dtype] | None:
-    """`x` in float32 and the dtype of eager's result (integers and bools give the
-    default dtype), or None where these formulas do not apply (float64, complex)."""
-    if x.dtype in (torch.float32, torch.float16, torch.bfloat16):
-        return x.to(torch.float32), x.dtype
-    if x.dtype.is_floating_point or x.dtype.is_complex:
-        return None
-    return x.to(torch.float32), torch.get_default_dtype()
-
-
-def _unary(function):
-    def decompose(op, x):
-        converted = _as_float(x)
-        if converted is None or torch.get_default_dtype() != torch.float32:
-            return NotImplemented
-        x, dtype = converted
-        if x.numel() == 0:  # iree-compile crashed (SIGFPE) on divisions of empty tensors beside 0-d ones
-            return torch.empty(x.shape, dtype=dtype, device=x.device)
-        return function(x).to(dtype)
-
-    return decompose
 
 
 def _fill(like: torch.Tensor, value: float) -> torch.Tensor:
@@ -176,8 +154,8 @@ def _zeta(x: torch.Tensor | int, q: torch.Tensor) -> torch.Tensor:
     return torch.where(x == 1, _fill(result, math.inf), result)
 
 
-register_decomposition(aten.lgamma.default)(_unary(_lgamma))
-register_decomposition(aten.digamma.default)(_unary(_digamma))
+register_decomposition(aten.lgamma.default)(in_float32(_lgamma))
+register_decomposition(aten.digamma.default)(in_float32(_digamma))
 
 
 @register_decomposition(aten.polygamma.default)
@@ -186,15 +164,15 @@ def polygamma(op, n, x):
     if n < 0:
         return NotImplemented
     if n == 0:
-        return _unary(_digamma)(op, x)
+        return in_float32(_digamma)(op, x)
     if n == 1:
-        return _unary(_trigamma)(op, x)
+        return in_float32(_trigamma)(op, x)
     sign = 1.0 if n % 2 else -1.0
 
     def higher(x):
         return sign * float(math.factorial(n)) * _zeta(n + 1, x)
 
-    return _unary(higher)(op, x)
+    return in_float32(higher)(op, x)
 
 
 @register_decomposition(aten.special_zeta.default)
