@@ -122,3 +122,11 @@ def test_avg_pool3d_with_windows_that_do_not_tile():
                 pool(b, 3, stride=2, padding=1, ceil_mode=True))
 
     assert_matches_eager(pools, torch.randn(2, 3, 3, 4, 4), torch.randn(1, 2, 5, 5, 5))
+
+
+def test_normal_with_tensor_mean_and_std_has_their_moments():
+    compiled = torch.compile(lambda m, s: torch.normal(m, s), backend="tori", fullgraph=True,
+                             options={"fallback": "error"})
+    sample = compiled(torch.full((20000,), 3.0), torch.full((20000,), 2.0))
+    assert sample.shape == (20000,) and sample.dtype == torch.float32
+    assert abs(sample.mean().item() - 3.0) < 0.1 and abs(sample.std().item() - 2.0) < 0.1
