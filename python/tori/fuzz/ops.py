@@ -45,9 +45,10 @@ def _dim(draw, t: torch.Tensor) -> int | None:
 
 # --- elementwise, unary -----------------------------------------------------
 
-# torch.sin, torch.cos and torch.tan are left out: IREE's lose accuracy for arguments
-# in the thousands, tan also near its poles (docs/limitations.md), and the generator's
-# values reach 1e4.
+# torch.sin, torch.cos and torch.tan are left out: tori's are exact up to |x| < 1e5 only
+# (docs/limitations.md) and the generator's values reach 3e38. Drawn as
+# `torch.sin(torch.where(a.abs() <= 1e5, a, a * inf))` they passed seeds 1-3, but the
+# new draws make the CI seed hit float16 `t / 1e-3` (docs/limitations.md) first.
 _FLOAT_UNARY = ["torch.exp", "torch.log", "torch.sqrt", "torch.rsqrt", "torch.tanh",
                 "torch.sigmoid", "torch.reciprocal", "torch.floor", "torch.ceil", "torch.round", "torch.trunc",
                 "torch.expm1", "torch.log1p", "torch.erf", "torch.atan", "torch.nan_to_num", "F.gelu", "F.silu",

@@ -30,3 +30,4 @@ from tori.frontend.decomp import avg_pool  # noqa: F401
 from tori.frontend.decomp import sampling  # noqa: F401
 from tori.frontend.decomp import resampling  # noqa: F401
 from tori.frontend.decomp import normal  # noqa: F401
+from tori.frontend.decomp import trig  # noqa: F401
