@@ -18,11 +18,17 @@ def _compiled(fn, *args):
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-def test_addcdiv_split_by_dynamo_rounds_once_like_eager(dtype):
+def test_a_pointwise_op_of_several_steps_rounds_once_like_eager(dtype):
     torch.manual_seed(0)
-    x, a, b = (torch.randn(64, dtype=dtype) for _ in range(3))
-    fn = lambda x, a, b: torch.addcdiv(x, a, b, value=3.14)  # noqa: E731
-    assert torch.equal(_compiled(fn, x, a, b), fn(x, a, b))
+    x, a = torch.randn(4096, dtype=dtype), torch.randn(4096, dtype=dtype)
+    fn = lambda x, a: torch.lerp(x, a, 0.3)  # noqa: E731
+    assert torch.equal(_compiled(fn, x, a), fn(x, a))
+
+
+def test_explicit_roundings_are_kept():
+    x = torch.randn(256) * 3
+    fn = lambda x: x.half().float() * 2  # noqa: E731
+    assert torch.equal(_compiled(fn, x), fn(x))
 
 
 def test_a_norm_whose_squares_overflow_float16_stays_finite():

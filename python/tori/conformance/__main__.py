@@ -24,7 +24,8 @@ HEADER = """\
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tori.conformance", description=__doc__)
-    parser.add_argument("--dtype", nargs="+", default=["float32", "float16"])
+    parser.add_argument("--dtype", nargs="+", default=["float32", "float16"],
+                        choices=["float32", "float16", "bfloat16", "float64"])
     parser.add_argument("--ops", nargs="+", help="OpInfo names (name.variant); default: every op with the dtype")
     parser.add_argument("--samples", type=int, default=3, help="samples per op")
     parser.add_argument("--mode", default="tori", choices=["tori", "tori-fallback", "inductor"],

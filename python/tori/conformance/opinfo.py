@@ -18,13 +18,15 @@ from typing import Any, Callable, Iterable
 import torch
 import torch.utils._pytree as pytree
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "float64": torch.float64}
 
 # assert_close's defaults, and the floor tori compares float32 with: IREE evaluates
 # transcendental functions with polynomial approximations (as TorchInductor's vectorized
 # code does), a few ulp from glibc's results that eager uses.
-_DEFAULT_TOLERANCE = {torch.float32: (1.3e-6, 1e-5), torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5)}
-_FLOOR = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-3, 1e-3), torch.bfloat16: (1.6e-2, 1e-2)}
+_DEFAULT_TOLERANCE = {torch.float32: (1.3e-6, 1e-5), torch.float16: (1e-3, 1e-5), torch.bfloat16: (1.6e-2, 1e-5),
+                      torch.float64: (1e-7, 1e-7)}
+_FLOOR = {torch.float32: (1e-5, 1e-5), torch.float16: (1e-3, 1e-3), torch.bfloat16: (1.6e-2, 1e-2),
+          torch.float64: (1e-7, 1e-7)}
 
 
 # The ways an op is checked: tori with fallback 'error' (the conformance figure and the

@@ -19,7 +19,6 @@ from torch_mlir.extras.fx_importer import FxImporter, FxImporterHooks
 from tori.dialects import tori as tori_dialect
 from tori.errors import CompileError, UnsupportedOpError
 from tori.frontend.constant_origins import wrap_literal
-from tori.frontend.decomp.half_precision import drop_round_trips
 from tori.frontend.guard_facts import graph_facts, insert_facts
 from tori.frontend.higher_order import NodeImporter
 from tori.frontend.signature import GraphSignature, split_outputs
@@ -160,7 +159,6 @@ def import_graph(gm: torch.fx.GraphModule, *, graph_name: str, importer: FxImpor
     _copy_subgraphs(owner, {})
     graph = owner.graph
     _expand_sym_sums(graph)
-    drop_round_trips(graph)
     _drop_size_one_restrides(graph)
     importer = importer or new_importer()
     try:
