@@ -5,8 +5,10 @@ op's outcome; the parent restarts a dead or stuck worker on the ops it had left.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -27,6 +29,13 @@ def work(ops: Iterable[str], dtype: str, samples: int, mode: str, out) -> None:
         out.flush()
 
 
+def _kill_group(child: subprocess.Popen) -> None:
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 def _worker(ops: list[str], dtype: str, samples: int, mode: str, timeout_s: float,
             on_outcome: Callable[[Outcome], None]) -> None:
     """Run `ops` in child processes until each has an outcome."""
@@ -37,10 +46,12 @@ def _worker(ops: list[str], dtype: str, samples: int, mode: str, timeout_s: floa
             listing.write_text(json.dumps(pending))
             command = [sys.executable, "-m", "tori.conformance", "--worker", str(listing), "--dtype", dtype,
                        "--samples", str(samples), "--mode", mode]
+            # A session of its own: a stuck worker is killed with its iree-compile children.
             child = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                     env={**os.environ, "PYTHONWARNINGS": "ignore"})
+                                     env={**os.environ, "PYTHONWARNINGS": "ignore"}, start_new_session=True)
+            kill = functools.partial(_kill_group, child)
             current, started = None, time.monotonic()
-            watchdog = threading.Timer(timeout_s, child.kill)
+            watchdog = threading.Timer(timeout_s, kill)
             watchdog.start()
             try:
                 for line in child.stdout:
@@ -50,7 +61,7 @@ def _worker(ops: list[str], dtype: str, samples: int, mode: str, timeout_s: floa
                     if "start" in data:
                         current, started = data["start"], time.monotonic()
                         watchdog.cancel()
-                        watchdog = threading.Timer(timeout_s, child.kill)
+                        watchdog = threading.Timer(timeout_s, kill)
                         watchdog.start()
                         continue
                     outcome = Outcome.from_json(data)
