@@ -130,3 +130,14 @@ def test_normal_with_tensor_mean_and_std_has_their_moments():
     sample = compiled(torch.full((20000,), 3.0), torch.full((20000,), 2.0))
     assert sample.shape == (20000,) and sample.dtype == torch.float32
     assert abs(sample.mean().item() - 3.0) < 0.1 and abs(sample.std().item() - 2.0) < 0.1
+
+
+@pytest.mark.parametrize("reduce", ["argmax", "argmin"])
+def test_arg_extremum_points_at_the_first_nan_as_eager(reduce):
+    nan = float("nan")
+    x = torch.tensor([[1.0, nan, 3.0, nan], [2.0, 5.0, 1.0, 0.0], [nan, 1.0, 2.0, 3.0]])
+    fn = getattr(torch, reduce)
+    for call in (lambda v: fn(v, dim=1), lambda v: fn(v, dim=0, keepdim=True), lambda v: fn(v)):
+        torch._dynamo.reset()
+        compiled = torch.compile(call, backend="tori", options={"fallback": "error"})
+        assert torch.equal(compiled(x), call(x))

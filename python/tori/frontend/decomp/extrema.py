@@ -26,10 +26,19 @@ def scalar_extremum(op, x, dim=(), keepdim=False):
 
 
 @register_decomposition(aten.argmax.default, aten.argmin.default)
-def scalar_arg_extremum(op, x, dim=None, keepdim=False):
-    if x.dim() != 0 or not _dims_of_scalar(dim):
+def arg_extremum(op, x, dim=None, keepdim=False):
+    """On one element, index 0. On floats, the indices of max/min over the dim, whose
+    decomposition (selection.py) places NaN as eager does: IREE's argmax skipped NaN,
+    a wrong index, silently."""
+    if x.dim() == 0 and _dims_of_scalar(dim):
+        return torch.zeros((), dtype=torch.int64, device=x.device)
+    if not x.dtype.is_floating_point or x.numel() == 0:
         return NotImplemented
-    return torch.zeros((), dtype=torch.int64, device=x.device)
+    extremum = torch.max if op is aten.argmax.default else torch.min
+    if dim is not None:
+        return extremum(x, dim, keepdim).indices
+    index = extremum(x.reshape(-1), 0).indices
+    return index.reshape([1] * x.dim()) if keepdim else index
 
 
 @register_decomposition(aten.fmax.default, aten.fmin.default)
