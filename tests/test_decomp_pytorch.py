@@ -9,12 +9,11 @@ from tori.testing import assert_matches_eager
 
 
 def test_pytorch_decompositions_of_reductions_and_copies():
-    def fn(bias, mat, vec, x, b):
-        return (torch.addmv(bias, mat, vec, beta=0.5, alpha=2.0), x.all(dim=1), x.any(dim=0), x.cumprod(1),
-                x.narrow_copy(1, 1, 2), b.all(dim=-1), b.any(dim=-1))
+    def fn(bias, mat, vec, x):
+        return torch.addmv(bias, mat, vec, beta=0.5, alpha=2.0), x.cumprod(1), x.narrow_copy(1, 1, 2)
 
     x = torch.tensor([[1.0, 0.0, 2.0], [math.nan, -1.5, 3.0]])
-    assert_matches_eager(fn, torch.randn(4), torch.randn(4, 3), torch.randn(3), x, torch.rand(3, 4) > 0.3)
+    assert_matches_eager(fn, torch.randn(4), torch.randn(4, 3), torch.randn(3), x)
 
 
 def test_batch_norm_with_running_stats_update():

@@ -13,8 +13,6 @@ aten = torch.ops.aten
 
 FROM_PYTORCH: tuple[torch._ops.OpOverload, ...] = (
     aten.addmv.default,
-    aten.all.dim,
-    aten.any.dim,
     aten.cumprod.default,
     aten.narrow_copy.default,
     aten.max_pool2d_with_indices.default,
