@@ -68,9 +68,9 @@ def test_report_command_summarizes_the_compile(report):
 def test_report_holds_stages_diffs_chart_guards_and_graph_breaks(report):
     page = parse(report[0].read_text())
     stages = [a["data-stage"] for a in page.having("details", class_="stage")]
-    assert stages.count("torch") == 2 and "tori.01.tori-fold-constants" in stages and "iree-input" in stages
+    assert stages.count("torch") == 2 and "tori.02.tori-fold-constants" in stages and "iree-input" in stages
     diffs = page.having("details", class_="diff")
-    assert {"data-from": "torch", "data-to": "tori.01.tori-fold-constants"}.items() <= diffs[0].items()
+    assert {"data-from": "torch", "data-to": "tori.02.tori-fold-constants"}.items() <= diffs[0].items()
     assert page.having("table", class_="diff")
     bars = page.having("rect", class_="bar")
     assert any(b["data-pass"] == "tori-fold-constants" and float(b["width"]) > 0 for b in bars)
