@@ -31,3 +31,4 @@ from tori.frontend.decomp import sampling  # noqa: F401
 from tori.frontend.decomp import resampling  # noqa: F401
 from tori.frontend.decomp import normal  # noqa: F401
 from tori.frontend.decomp import trig  # noqa: F401
+from tori.frontend.decomp import distributions  # noqa: F401
