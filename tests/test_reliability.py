@@ -515,18 +515,67 @@ def test_unsupported_dtypes_and_non_tensor_outputs_never_crash_the_interpreter()
 
 
 OUT_OF_RANGE_CHILD = textwrap.dedent("""
-    import torch
-    compiled = torch.compile(lambda x, i: x[i], backend="tori", options={"fallback": "error"})
-    compiled(torch.randn(4, 3), torch.tensor([0, 1]))
-    try:
-        compiled(torch.randn(4, 3), torch.tensor([0, 100_000_000]))
-    except IndexError:
-        print("IndexError")
+    import json, torch, tori
+
+    def ops(x, i, g, e, p, s):
+        return (x[i] * 2, x.gather(0, g), torch.nn.functional.embedding(e, x) + 1,
+                x.index_put((p,), torch.tensor(-1.0)), x.scatter_add(0, s, torch.ones_like(s, dtype=x.dtype)))
+
+    x = torch.randn(4, 3)
+    good = dict(i=torch.tensor([0, -4]), g=torch.tensor([[3, 0, 1]]), e=torch.tensor([3, 0]),
+                p=torch.tensor([-1, 2]), s=torch.tensor([[0, 3, 2]]))
+    bad = dict(i=torch.tensor([0, 4]), g=torch.tensor([[0, -1, 1]]), e=torch.tensor([100_000_000]),
+               p=torch.tensor([-5]), s=torch.tensor([[4, 0, 0]]))
+    out = {}
+    for fallback in ("error", "eager"):
+        torch._dynamo.reset()
+        tori.counters.clear()
+        compiled = torch.compile(ops, backend="tori", options={"fallback": fallback})
+        same = all(torch.equal(a, b) for a, b in zip(compiled(x, **good), ops(x, **good)))
+        errors = {}
+        for name in good:
+            try:
+                compiled(x, **{**good, name: bad[name]})
+                errors[name] = None
+            except Exception as error:
+                errors[name] = [type(error).__name__, isinstance(error, IndexError), str(error)]
+        out[fallback] = dict(same=same, errors=errors, compiled=tori.counters.compiled_calls,
+                             eager=tori.counters.fallback_calls)
+
+    def positive(t):
+        torch._assert_async(t.sum() > 0, "the sum must be positive")
+        return t * 2
+
+    for fallback in ("error", "eager"):
+        torch._dynamo.reset()
+        compiled = torch.compile(positive, backend="tori", options={"fallback": fallback})
+        ok = compiled(torch.ones(3)).tolist()
+        try:
+            compiled(-torch.ones(3))
+            out["assert_" + fallback] = [ok, None]
+        except RuntimeError as error:
+            out["assert_" + fallback] = [ok, type(error).__name__, str(error)]
+    print(json.dumps(out))
 """)
 
 
-@pytest.mark.xfail(strict=True, reason="known gap: IREE does not bounds-check gathers; an index out of range "
-                                       "reads out of bounds (a segfault here), where eager raises IndexError")
-def test_out_of_range_index_is_an_error_not_a_crash():
-    done = run_python(OUT_OF_RANGE_CHILD)
-    assert done.returncode == 0 and done.stdout.strip() == "IndexError", f"rc={done.returncode}"
+def test_out_of_range_indices_are_errors_not_crashes():
+    # IREE's gathers and scatters do no bounds checks (an index of 1e8 segfaulted); tori
+    # compiles one in front of every indexing op. Runs in a child process: a missing
+    # check would end it, not pytest.
+    result = last_json(run_python(OUT_OF_RANGE_CHILD))
+    names = {"i": "index", "g": "gather", "e": "embedding", "p": "index_put", "s": "scatter_add"}
+    for fallback in ("error", "eager"):
+        run = result[fallback]
+        assert run["same"] is True
+        assert run["compiled"] == 6 and run["eager"] == 0  # every call ran compiled, none fell back
+        for arg, op in names.items():
+            kind, is_index_error, message = run["errors"][arg]
+            # eager's classes: IndexError for x[i], embedding, index_put; RuntimeError for gather, scatter
+            assert is_index_error is (op in ("index", "embedding", "index_put")), (fallback, op, kind)
+            assert kind == ("IndexOutOfRangeError" if is_index_error else "IndexOutOfBoundsError")
+            assert f" in {op}: an index for dimension 0 (size 4) is outside " in message, message
+    assert result["assert_error"][:2] == [[2.0, 2.0, 2.0], "ToriRuntimeError"]
+    assert "the sum must be positive" in result["assert_error"][2]
+    # with the default fallback the failing call reruns in eager, whose _assert_async raises
+    assert result["assert_eager"] == [[2.0, 2.0, 2.0], "RuntimeError", "the sum must be positive"]

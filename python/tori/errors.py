@@ -85,6 +85,37 @@ class ToriRuntimeError(ToriError, RuntimeError):
     """A compiled module failed while running, or could not be loaded."""
 
 
+class CheckFailedError(ToriRuntimeError):
+    """A check compiled into a module failed on these inputs, where eager raises too
+    (frontend/decomp/checks.py: integer division by zero, with eager's message
+    "ZeroDivisionError"). Raised with any fallback: eager would fail the same way."""
+
+
+class IndexOutOfBoundsError(CheckFailedError):
+    """An index was out of range for its op, where eager raises a RuntimeError
+    (gather, scatter, index_add)."""
+
+
+class IndexOutOfRangeError(IndexOutOfBoundsError, IndexError):
+    """An index was out of range for an op where eager raises IndexError (indexing,
+    index_put, index_select, embedding)."""
+
+
+# How the messages of the checks tori compiles into modules begin, and the error
+# raised when one fails (a linalg error check, or the user's own torch._assert_async,
+# is none of these: that call falls back to eager, which raises its own error).
+INDEX_ERROR_CHECK = "index out of range"
+INDEX_RUNTIME_CHECK = "index out of bounds"
+ZERO_DIVISION_CHECK = "ZeroDivisionError"
+_CHECK_ERRORS = {INDEX_ERROR_CHECK: IndexOutOfRangeError, INDEX_RUNTIME_CHECK: IndexOutOfBoundsError,
+                 ZERO_DIVISION_CHECK: CheckFailedError}
+
+
+def runtime_check_error(message: str) -> type[ToriRuntimeError]:
+    """The error class for a failed runtime check (`torch.runtime.assert`) with this message."""
+    return next((cls for prefix, cls in _CHECK_ERRORS.items() if message.startswith(prefix)), ToriRuntimeError)
+
+
 _DYNAMO_CLASSES: dict[type, type] = {}
 
 

@@ -18,7 +18,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.exc import BackendCompilerFailed, RestartAnalysis, SkipFrame
 
 from tori.config import Fallback, Options
-from tori.errors import CompileError, OptionsError, ToriError, ToriRuntimeError, through_dynamo
+from tori.errors import CheckFailedError, CompileError, OptionsError, ToriError, ToriRuntimeError, through_dynamo
 from tori.frontend.compile_graph import compile_graph
 from tori.frontend.constant_origins import ORIGIN, AssumedConstant, assumed_constants
 from tori.frontend.decompositions import decomposition_table
@@ -161,6 +161,8 @@ def _boxed(compiled, gm: torch.fx.GraphModule, options: Options, name: str) -> C
         def run_compiled(args):
             try:
                 return compiled(args)
+            except CheckFailedError:
+                raise  # the inputs' fault: eager raises for them too
             except ToriRuntimeError as error:
                 # With fallback 'eager' a call IREE's runtime refuses runs in eager PyTorch
                 # (counted); the next call tries the compiled module again.

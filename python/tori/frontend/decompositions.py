@@ -7,6 +7,7 @@ and one decorator each, cover ops that Torch-MLIR imports but IREE lowers wrongl
 
 from __future__ import annotations
 
+import contextvars
 import functools
 import math
 import threading
@@ -37,19 +38,35 @@ def decomposition_table() -> dict:
 
     import tori.frontend.decomp  # noqa: F401  (the op families register their entries)
 
-    from tori.frontend.decomp.half_precision import wrap
+    from tori.frontend.decomp import checks, half_precision
 
     base = get_decomposition_table()
+    table = {**base, **{op: _chained(op, fn, base.get(op)) for op, fn in _TORI.items()}}
     # 16-bit float ops in float32 as eager computes them (a 4096-element float16 sum
-    # accumulated in float16 by IREE was off by 23.5): around every other entry.
-    return wrap({**base, **{op: _chained(op, fn, base.get(op)) for op, fn in _TORI.items()}})
+    # accumulated in float16 by IREE was off by 23.5): around every other entry;
+    # indexing and integer division behind checks of their operands, in front of everything.
+    return checks.wrap(half_precision.wrap(table))
+
+
+# Ops traced as they are (`as_is`) in the current trace: their tori entries step aside.
+_AS_IS: contextvars.ContextVar[frozenset] = contextvars.ContextVar("tori_as_is", default=frozenset())
+
+
+def as_is(op, *args, **kwargs):
+    """`op` traced without tori's decomposition of it, for a decomposition that fixes
+    up the op's own result (pow of |x|, then the sign)."""
+    token = _AS_IS.set(_AS_IS.get() | {op})
+    try:
+        return op(*args, **kwargs)
+    finally:
+        _AS_IS.reset(token)
 
 
 def _chained(op, fn: Callable, fallback: Callable | None) -> Callable:
     # A tori decomposition returns NotImplemented where it does not apply; then the
     # base table's entry (if any) decides, as it would without tori.
     def decompose(*args, **kwargs):
-        result = fn(op, *args, **kwargs)
+        result = NotImplemented if op in _AS_IS.get() else fn(op, *args, **kwargs)
         if result is NotImplemented and fallback is not None:
             return fallback(*args, **kwargs)
         return result

@@ -1,6 +1,9 @@
 """Higher-order ops that Torch-MLIR's FxImporter does not import itself, imported
 into the `torch` stage by tori: `invoke_subgraph` (`torch.compiler.nested_compile_region`),
-and `with_effects` around linalg's error check (`torch.linalg.inv`, `cholesky`, `solve`).
+and `with_effects` around linalg's error check (`torch.linalg.inv`, `cholesky`, `solve`);
+and the checks FxImporter would drop, `_assert_async` (`torch._assert_async`, tori's
+index bounds checks) and linalg's error check, as `torch.runtime.assert`, which IREE's
+runtime evaluates on every call.
 """
 
 from __future__ import annotations
@@ -13,6 +16,9 @@ from torch_mlir.extras.fx_importer import GraphNodeImporter, _make_constant_op
 from torch_mlir.ir import Location, Operation, StringAttr
 
 _LINALG_CHECK_ERRORS = torch.ops.aten._linalg_check_errors.default
+_ASSERT_ASYNC = (torch.ops.aten._assert_async.msg, torch.ops.aten._assert_async.default)
+# eager's message for `torch._assert_async(t)` without one.
+_ASSERT_ASYNC_MESSAGE = "Expected Tensor with single nonzero value, but got zero"
 # AOTAutograd's in-graph effect tokens (tori's backend sets `unlift_effect_tokens`).
 _TOKEN_OPS = (torch.ops.prims._make_token.default, torch.ops.prims._sink_tokens.default)
 
@@ -61,6 +67,10 @@ class NodeImporter(GraphNodeImporter):
         if target is _LINALG_CHECK_ERRORS:  # outside `with_effects`, as a tori decomposition emits it
             self._check_linalg_errors(loc, *node.args)
             return
+        if target in _ASSERT_ASYNC:  # `torch._assert_async(condition, message)`
+            condition, message = (*node.args, _ASSERT_ASYNC_MESSAGE)[:2]
+            self._assert(loc, self._import_argument(loc, condition), message)
+            return
         super()._import_torch_op_overload(loc, node, concrete_target)
 
     def _check_linalg_errors(self, loc: Location, info: torch.fx.Node, api_name: str, *unused) -> None:
@@ -78,10 +88,14 @@ class NodeImporter(GraphNodeImporter):
         if len(shape):
             ok = Operation.create("torch.aten.all", results=[cc.get_vtensor_type(torch.Size([]), torch.bool)],
                                   operands=[ok], loc=loc).result
-        condition = Operation.create("torch.aten.Bool.Tensor", results=[cc.torch_bool_type], operands=[ok],
-                                     loc=loc).result
+        self._assert(loc, ok, message)
+
+    def _assert(self, loc: Location, condition, message: str) -> None:
+        """Fail the call with `message` where the one-element tensor `condition` is zero."""
+        flag = Operation.create("torch.aten.Bool.Tensor", results=[self._cc.torch_bool_type], operands=[condition],
+                                loc=loc).result
         Operation.create("torch.runtime.assert", attributes={"message": StringAttr.get(message)},
-                         operands=[condition], loc=loc)
+                         operands=[flag], loc=loc)
 
     def _subgraph_function(self, subgraph: torch.fx.GraphModule, name: str) -> func_d.FuncOp:
         """The private function holding `subgraph`, imported at its first use.

@@ -7,6 +7,7 @@ and no logging.
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -15,7 +16,7 @@ import iree.runtime as rt
 import torch
 from torch.utils.dlpack import to_dlpack
 
-from tori.errors import ToriRuntimeError
+from tori.errors import ToriRuntimeError, runtime_check_error
 from tori.frontend.signature import ArgKind, GraphSignature
 from tori.runtime import transfer
 from tori.runtime.module import LoadedModule
@@ -23,6 +24,8 @@ from tori.stats import counters
 from tori.targets import Target
 
 _DL_CPU = 1  # DLPack device type code of host memory
+# How IREE reports a failed `torch.runtime.assert`: "...FAILED_PRECONDITION; <message>; \n[ 0] bytecode ...".
+_FAILED_CHECK = re.compile(r"FAILED_PRECONDITION; (.*?);\s*(?:\n|$)")
 # DLPack device type codes of the GPU targets whose devices exchange tensors with torch.
 _DL_DEVICE = {Target.CUDA: 2, Target.ROCM: 10}
 _IREE_HEAP_ALIGNMENT = 64  # bytes; IREE refuses to import host memory aligned less
@@ -134,6 +137,10 @@ class CompiledGraph:
         try:
             return module.invoke(packed, self._num_results)
         except (ValueError, RuntimeError, IndexError) as error:
+            check = _FAILED_CHECK.search(str(error))
+            if check:  # a `torch.runtime.assert` compiled into the module: the inputs' fault
+                message = check.group(1)
+                raise runtime_check_error(message)(f"compiled graph '{self.name}': {message}") from error
             raise ToriRuntimeError(
                 f"compiled graph '{self.name}' failed on IREE's {module.driver} driver: {error}. "
                 "If guards were filtered (guard_filter_fn), inputs may no longer match the shapes it was "

@@ -32,3 +32,5 @@ from tori.frontend.decomp import resampling  # noqa: F401
 from tori.frontend.decomp import normal  # noqa: F401
 from tori.frontend.decomp import trig  # noqa: F401
 from tori.frontend.decomp import distributions  # noqa: F401
+from tori.frontend.decomp import powers  # noqa: F401
+from tori.frontend.decomp import moments  # noqa: F401

@@ -1,0 +1,47 @@
+"""Floating-point pow with C's special values, as eager computes it.
+
+IREE computes `pow(x, y)` as exp(y * log(x)), which is NaN for every negative base
+(pow(-2, 3) gave NaN, eager -8), for 0^0, NaN^0 and 1^NaN (eager 1), and loses the
+sign of -0.0 and -inf. Here: |x|^y by IREE, then the sign for a negative base and an
+odd integer exponent, NaN for a negative finite base and a non-integer exponent, and
+1 where y is 0, x is 1, or |x| is 1 and y infinite. Integer exponents given as
+Python ints are left to IREE, which multiplies.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tori.frontend.decompositions import as_is, register_decomposition
+
+aten = torch.ops.aten
+
+
+def _pow(x: torch.Tensor, y) -> torch.Tensor:
+    y = torch.as_tensor(y, dtype=x.dtype, device=x.device) if not isinstance(y, torch.Tensor) else y
+    magnitude = as_is(aten.pow.Tensor_Tensor, torch.abs(x), y)
+    negative = (x < 0) | ((x == 0) & (1 / x < 0))  # -0.0 and -inf too
+    finite_y = torch.isfinite(y)
+    integer = finite_y & (y == torch.trunc(y))
+    half = y * 0.5  # exact
+    odd = integer & (half != torch.trunc(half))
+    result = torch.where(negative & odd, -magnitude, magnitude)
+    result = torch.where(negative & ~integer & finite_y & torch.isfinite(x) & (x != 0), torch.nan, result)
+    one = (y == 0) | (x == 1) | ((torch.abs(x) == 1) & torch.isinf(y))
+    return torch.where(one, torch.ones_like(result), result)
+
+
+@register_decomposition(aten.pow.Tensor_Tensor)
+def pow_tensors(op, x, y):
+    dtype = torch.result_type(x, y)
+    if not dtype.is_floating_point:
+        return NotImplemented
+    shape = torch.broadcast_shapes(x.shape, y.shape)
+    return _pow(x.to(dtype).expand(shape), y.to(dtype).expand(shape))
+
+
+@register_decomposition(aten.pow.Tensor_Scalar)
+def pow_scalar_exponent(op, x, y):
+    if not x.dtype.is_floating_point or not isinstance(y, float):
+        return NotImplemented
+    return _pow(x, y)

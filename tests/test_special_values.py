@@ -1,0 +1,90 @@
+"""Special values through compiled graphs, compared with eager: pow's C semantics
+(negative bases, zeros, infinities, NaN), std without overflow of the squares, and
+integer division by zero as an error rather than garbage."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import tori
+from tori.errors import CheckFailedError
+
+INF, NAN = math.inf, math.nan
+
+
+def compiled_calls(fn, *args, fallback="error"):
+    torch._dynamo.reset()
+    tori.counters.clear()
+    result = torch.compile(fn, backend="tori", options={"fallback": fallback})(*args)
+    assert tori.counters.compiled_calls == 1 and tori.counters.fallback_calls == 0
+    return result
+
+
+def assert_same_values(actual: torch.Tensor, expected: torch.Tensor, where) -> None:
+    """Equal within float rounding, NaN where eager has NaN, and zeros and infinities
+    of eager's sign."""
+    assert actual.dtype == expected.dtype and actual.shape == expected.shape
+    torch.testing.assert_close(actual, expected, equal_nan=True, rtol=2e-6, atol=0)
+    signed = ~torch.isnan(expected) & ((expected == 0) | torch.isinf(expected))
+    bad = signed & (torch.signbit(actual) != torch.signbit(expected))
+    assert not bad.any(), [where[i] for i in bad.nonzero().flatten().tolist()]
+
+
+POW_CASES = [
+    (0, 0), (NAN, 0), (1, NAN), (1, INF), (-1, INF), (-1, -INF), (-2, 3), (-2, -3), (-2, 4), (-2, 0.5),
+    (-8, 1 / 3), (0, -1), (-0.0, -1), (-0.0, -2), (-0.0, 3), (-0.0, 0.5), (-INF, 3), (-INF, 2), (-INF, -3),
+    (-INF, 2.5), (INF, -1), (0.5, INF), (2, -INF), (2, 10), (1e-30, 2), (3, 40), (NAN, NAN), (-1.5, 2.0),
+]
+
+
+def test_pow_follows_c_special_values():
+    # IREE's exp(y * log(x)) gave NaN for every negative base (pow(-2, 3)), for 0^0 and
+    # 1^NaN, and lost the sign of -0.0 and -inf.
+    x = torch.tensor([a for a, _ in POW_CASES])
+    y = torch.tensor([b for _, b in POW_CASES])
+
+    def powers(x, y):
+        return torch.pow(x, y), x ** 2.5, x ** 2.0, x ** 3, torch.pow(x.half(), y.half())
+
+    for actual, expected in zip(compiled_calls(powers, x, y), powers(x, y)):
+        assert_same_values(actual, expected, POW_CASES)
+
+
+def test_std_of_huge_and_tiny_values_matches_eager():
+    # Eager accumulates float32 moments in float64; IREE squared 1e20 to inf and 1e-25 to 0.
+    torch.manual_seed(0)
+    x = torch.randn(6, 50)
+    scales = torch.tensor([1e20, 1e-25, 1.0, 3e37, 1e-18, 0.0]).unsqueeze(1)
+
+    def moments(x):
+        return x.std(), x.std(dim=1), x.std(dim=1, keepdim=True, correction=0), torch.std_mean(x, dim=1)[0], x.var(dim=1)
+
+    values = x * scales
+    for actual, expected in zip(compiled_calls(moments, values), moments(values)):
+        torch.testing.assert_close(actual, expected, rtol=1e-5, atol=0)
+    assert torch.isfinite(compiled_calls(moments, values)[1][:5]).all()
+
+
+@pytest.mark.parametrize("fallback", ["error", "eager"])
+def test_integer_division_by_zero_raises_as_eager_does(fallback):
+    a = torch.tensor([7, -7, 5, -9, 0])
+    b = torch.tensor([2, 2, -3, 4, 5])
+
+    def divisions(a, b):
+        return a // b, torch.remainder(a, b), torch.fmod(a, b), torch.div(a, b, rounding_mode="trunc"), a % 3
+
+    torch._dynamo.reset()
+    tori.counters.clear()
+    compiled = torch.compile(divisions, backend="tori", options={"fallback": fallback})
+    for actual, expected in zip(compiled(a, b), divisions(a, b)):
+        assert torch.equal(actual, expected)
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        divisions(a, b.clone().fill_(0))  # eager's own error
+    with pytest.raises(CheckFailedError, match="ZeroDivisionError: an integer division or remainder by zero"):
+        compiled(a, torch.tensor([2, 0, 1, 1, 1]))
+    # both calls ran compiled; the failing one raised without an eager rerun
+    assert tori.counters.compiled_calls == 2 and tori.counters.fallback_calls == 0
+    assert torch.equal(compiled(a, b)[0], a // b)  # the module keeps working
