@@ -55,3 +55,21 @@ def test_dynamic_and_non_empty_tensors_stay(filecheck):
         # CHECK-NOT:     torch.vtensor.literal
         # CHECK:         torch.aten.reciprocal %arg0
     """)
+
+
+def test_a_returned_uint8_tensor_becomes_an_empty_op(filecheck):
+    # IREE folds a returned uint8 literal to signless i8 and then rejects it.
+    filecheck("""
+        func.func @r(%arg0: !torch.vtensor<[0],ui8>) -> (!torch.vtensor<[0],ui8>, !torch.vtensor<[0],ui8>) {
+          %0 = torch.aten.neg %arg0 : !torch.vtensor<[0],ui8> -> !torch.vtensor<[0],ui8>
+          %1 = torch.aten.neg %0 : !torch.vtensor<[0],ui8> -> !torch.vtensor<[0],ui8>
+          return %0, %1 : !torch.vtensor<[0],ui8>, !torch.vtensor<[0],ui8>
+        }
+    """, """
+        # CHECK-LABEL: func.func @r
+        # CHECK-NOT:     torch.vtensor.literal
+        # CHECK:         %[[A:.+]] = torch.aten.empty.memory_format %{{.+}}, %int0
+        # CHECK-SAME:      -> !torch.vtensor<[0],ui8>
+        # CHECK:         %[[B:.+]] = torch.aten.empty.memory_format
+        # CHECK-NEXT:    return %[[A]], %[[B]]
+    """)

@@ -9,6 +9,11 @@ of the same type for its users: it holds no value, so any literal is the value. 
 `torch.aten.*` op or literal whose results all become unused is erased (the torch
 dialect's value-semantics ops have no side effects).
 
+A uint8 result of the function gets a `torch.aten.empty.memory_format` instead: IREE
+folds a returned constant into a literal of signless i8, which its verifier then
+rejects ("inferred type(s) '!torch.vtensor<[0],si8>'"), as for
+`_batch_norm_with_update`'s empty reserve.
+
 Never changes: values of dynamic or unknown shape, the function's signature (an empty
 argument stays, unused), ops that are not `torch.aten.*`.
 
@@ -67,7 +72,30 @@ def _replace(value: ir.Value, insertion: ir.InsertionPoint, location: ir.Locatio
         literal = ir.Operation.create("torch.vtensor.literal", results=[value.type],
                                       attributes={"value": ir.Attribute.parse(f"dense<> : {builtin}")})
     value.replace_all_uses_with(literal.results[0])
+    if builtin.element_type == ir.IntegerType.get_unsigned(8):
+        for use in list(literal.results[0].uses):
+            if use.owner.name == "func.return":
+                with ir.InsertionPoint(use.owner), location:
+                    use.owner.operands[use.operand_number] = _empty_op(value.type, builtin.shape)
     return True
+
+
+def _empty_op(type_: ir.Type, shape: list[int]) -> ir.Value:
+    """`torch.aten.empty.memory_format` of a uint8 `type_` (dtype code 0), on the CPU."""
+    def constant(kind: str, result: str, attr: ir.Attribute | None = None) -> ir.Value:
+        attributes = {"value": attr} if attr is not None else {}
+        return ir.Operation.create(f"torch.constant.{kind}", results=[ir.Type.parse(result)],
+                                   attributes=attributes).results[0]
+
+    def integer(n: int) -> ir.Value:
+        return constant("int", "!torch.int", ir.IntegerAttr.get(ir.IntegerType.get_signless(64), n))
+
+    sizes = ir.Operation.create("torch.prim.ListConstruct", results=[ir.Type.parse("!torch.list<int>")],
+                                operands=[integer(n) for n in shape]).results[0]
+    none = constant("none", "!torch.none")
+    operands = [sizes, integer(0), none, constant("device", "!torch.Device", ir.StringAttr.get("cpu")),
+                constant("bool", "!torch.bool", ir.BoolAttr.get(False)), none]
+    return ir.Operation.create("torch.aten.empty.memory_format", results=[type_], operands=operands).results[0]
 
 
 def _fold_block(block: ir.Block) -> int:
