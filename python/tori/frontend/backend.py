@@ -22,6 +22,7 @@ from tori.errors import CheckFailedError, CompileError, OptionsError, ToriError,
 from tori.frontend.compile_graph import compile_graph
 from tori.frontend.constant_origins import ORIGIN, AssumedConstant, assumed_constants
 from tori.frontend.decompositions import decomposition_table
+from tori.frontend.tensor_start_narrow import rewrite_tensor_start_narrows
 from tori.frontend.partition import compile_partitioned
 from tori.frontend.records import CompileRecord, GraphRecord, new_record
 from tori.frontend.repro import write_repro
@@ -48,6 +49,7 @@ def tori_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], options: d
         raise through_dynamo(error) from None
     record = new_record(opts)
     record.dynamo_code = gm.code
+    rewrite_tensor_start_narrows(gm)
     constants = _dynamo_constants(gm)
     compilers = {kind: _aot_compiler(record, kind, constants) for kind in ("forward", "backward", "inference")}
     try:
