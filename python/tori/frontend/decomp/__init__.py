@@ -35,3 +35,4 @@ from tori.frontend.decomp import distributions  # noqa: F401
 from tori.frontend.decomp import powers  # noqa: F401
 from tori.frontend.decomp import moments  # noqa: F401
 from tori.frontend.decomp import logical_reductions  # noqa: F401
+from tori.frontend.decomp import histogram  # noqa: F401
