@@ -88,3 +88,21 @@ def test_integer_division_by_zero_raises_as_eager_does(fallback):
     # both calls ran compiled; the failing one raised without an eager rerun
     assert tori.counters.compiled_calls == 2 and tori.counters.fallback_calls == 0
     assert torch.equal(compiled(a, b)[0], a // b)  # the module keeps working
+
+
+def test_runtime_checks_can_be_turned_off(tmp_path):
+    # The checks are `torch.runtime.assert` ops in the torch stage; runtime_checks=False
+    # (TORI_RUNTIME_CHECKS=0) compiles none.
+    a, b = torch.tensor([7, -7]), torch.tensor([2, 3])
+    asserts = {}
+    for checks in (True, False):
+        torch._dynamo.reset()
+        dump = tmp_path / str(checks)
+        compiled = torch.compile(lambda a, b, x, i: (a // b, x[i]), backend="tori",
+                                 options={"fallback": "error", "runtime_checks": checks, "dump_dir": str(dump)})
+        x, i = torch.randn(4), torch.tensor([3, -1])
+        quotient, picked = compiled(a, b, x, i)
+        assert torch.equal(quotient, a // b) and torch.equal(picked, x[i])
+        (torch_stage,) = dump.glob("*/02-torch.mlir")
+        asserts[checks] = torch_stage.read_text().count("torch.runtime.assert")
+    assert asserts == {True: 2, False: 0}

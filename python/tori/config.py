@@ -61,6 +61,10 @@ class Options:
     # rest compiles in parts, those ops run eagerly (frontend/partition.py). Off: the
     # whole graph runs eagerly.
     partition: bool = True
+    # Checks compiled into modules where eager raises on bad values: indices out of
+    # range, integer division by zero (frontend/decomp/checks.py). Off: such inputs
+    # read and write out of bounds, as in IREE itself.
+    runtime_checks: bool = True
     driver: Driver = Driver.AUTO
     # LLVM CPU name for llvm-cpu; "host" is resolved to the actual CPU of this machine.
     cpu: str = "host"
@@ -153,7 +157,7 @@ def _coerce(name: str, value: Any) -> Any:
         return None if value is None else Path(value)
     if name == "cache_dir":
         return Path(value).expanduser()
-    if name in ("dump_iree_phases", "dump_large_constants", "cache", "partition"):
+    if name in ("dump_iree_phases", "dump_large_constants", "cache", "partition", "runtime_checks"):
         return _flag(name, value)
     if name == "cache_max_bytes":
         return _size(name, value)
@@ -217,6 +221,7 @@ ENVIRONMENT = {
     "TORI_ROCM_CHIP": "rocm_chip",
     "TORI_FALLBACK": "fallback",
     "TORI_PARTITION": "partition",
+    "TORI_RUNTIME_CHECKS": "runtime_checks",
     "TORI_DRIVER": "driver",
     "TORI_CPU": "cpu",
     "TORI_IREE_FLAGS": "iree_flags",

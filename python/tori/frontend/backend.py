@@ -60,7 +60,7 @@ def tori_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], options: d
                 fw_compiler=compilers["forward"],
                 bw_compiler=compilers["backward"],
                 inference_compiler=compilers["inference"],
-                decompositions=decomposition_table(),
+                decompositions=decomposition_table(record.options.runtime_checks),
             )(gm, example_inputs)
     except ToriError as error:
         if isinstance(error, BackendCompilerFailed):

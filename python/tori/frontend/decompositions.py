@@ -32,8 +32,8 @@ def register_decomposition(*ops: torch._ops.OpOverload) -> Callable[[Callable], 
     return decorate
 
 
-@functools.lru_cache(maxsize=1)
-def decomposition_table() -> dict:
+@functools.lru_cache(maxsize=2)
+def decomposition_table(runtime_checks: bool = True) -> dict:
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 
     import tori.frontend.decomp  # noqa: F401  (the op families register their entries)
@@ -45,7 +45,8 @@ def decomposition_table() -> dict:
     # 16-bit float ops in float32 as eager computes them (a 4096-element float16 sum
     # accumulated in float16 by IREE was off by 23.5): around every other entry;
     # indexing and integer division behind checks of their operands, in front of everything.
-    return checks.wrap(half_precision.wrap(table))
+    table = half_precision.wrap(table)
+    return checks.wrap(table) if runtime_checks else table
 
 
 # Ops traced as they are (`as_is`) in the current trace: their tori entries step aside.
