@@ -59,12 +59,3 @@ def test_polynomials_of_a_python_number_n_match_eager():
     # recurrence outside, and the special values at the ends.
     x = torch.tensor([-2.0, -1.0, -0.5, 0.0, 0.25, 0.5, 0.9, 1.0, 1.5])
     assert_matches_eager(lambda x: [f(x, 9) for f in POLYNOMIALS], x, rtol=1e-5, atol=1e-5)
-
-
-def test_polynomials_of_an_unbounded_tensor_n_are_left_to_fail():
-    # A float n may ask for any number of recurrence steps: no decomposition.
-    from tori.frontend.decomp.special import _polynomial
-
-    op = torch.ops.aten.special_legendre_polynomial_p.default
-    assert _polynomial(op, torch.rand(3), torch.tensor(4.0)) is NotImplemented
-    assert _polynomial(op, torch.rand(3), torch.tensor(4, dtype=torch.int8)) is not NotImplemented

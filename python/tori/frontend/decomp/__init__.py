@@ -8,6 +8,7 @@ conformance suite (`python -m tori.conformance`).
 
 from tori.frontend.decomp import pytorch  # noqa: F401  (registers on import)
 from tori.frontend.decomp import special  # noqa: F401
+from tori.frontend.decomp import polynomials  # noqa: F401
 from tori.frontend.decomp import linalg  # noqa: F401
 from tori.frontend.decomp import selection  # noqa: F401
 from tori.frontend.decomp import extrema  # noqa: F401
