@@ -106,3 +106,25 @@ def test_runtime_checks_can_be_turned_off(tmp_path):
         (torch_stage,) = dump.glob("*/02-torch.mlir")
         asserts[checks] = torch_stage.read_text().count("torch.runtime.assert")
     assert asserts == {True: 2, False: 0}
+
+
+@pytest.mark.parametrize("pipeline", ["", "tori-fold-empty-tensors, tori-fold-constants"])
+def test_negative_numbers_on_constant_tensors(pipeline):
+    # Torch-MLIR's folders, which IREE runs on constant operands, read a negative
+    # `torch.constant.int` as unsigned: `torch.full((2,), 3.0) * -2` was 5.5e19, a conv1d
+    # weight `linspace(-1, 1, 2)` had 2^64 for -1 (found by the fuzzer), a clamp to
+    # [-2, -1] gave -2. tori writes such numbers as floats at import.
+    def constants(x):
+        return (x * (torch.full((2,), 3.0) * -2), x * (torch.arange(2).float() - 5), x * torch.linspace(-1, 1, 2),
+                x * torch.full((2,), 3.0).clamp(min=-2, max=-1), x * (-3 - torch.full((2,), 3.0)),
+                x * torch.add(torch.full((2,), 3.0), torch.full((2,), 1.0), alpha=-2),
+                x * (torch.full((2,), -3.0) < -2), x * torch.full((2,), -3).float(),
+                torch.nn.functional.conv1d(x.reshape(1, 2), torch.linspace(-1, 1, 2).reshape(2, 1, 1)))
+
+    x = torch.tensor([1.0, -2.0])
+    torch._dynamo.reset()
+    tori.counters.clear()
+    compiled = torch.compile(constants, backend="tori", options={"fallback": "error", "pipeline": pipeline})
+    for actual, expected in zip(compiled(x), constants(x)):
+        assert torch.equal(actual, expected), (actual, expected)
+    assert tori.counters.compiled_calls == 1 and tori.counters.fallback_calls == 0

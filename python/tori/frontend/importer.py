@@ -123,6 +123,33 @@ def _drop_size_one_restrides(graph: torch.fx.Graph) -> None:
         graph.erase_node(node)
 
 
+_aten = torch.ops.aten
+# Ops whose number operands (and `alpha`) Torch-MLIR's folders read.
+_ARITHMETIC = frozenset({
+    _aten.add.Tensor, _aten.add.Scalar, _aten.sub.Tensor, _aten.sub.Scalar, _aten.rsub.Tensor,
+    _aten.rsub.Scalar, _aten.mul.Tensor, _aten.mul.Scalar, _aten.div.Tensor, _aten.div.Scalar,
+    _aten.clamp.default, _aten.clamp_min.default, _aten.clamp_max.default, _aten.lt.Scalar, _aten.le.Scalar,
+    _aten.gt.Scalar, _aten.ge.Scalar, _aten.eq.Scalar, _aten.ne.Scalar, _aten.full_like.default,
+    _aten.full.default, _aten.fill.Scalar,
+})
+
+
+def _float_numbers(graph: torch.fx.Graph) -> None:
+    """Write the Python int operands of floating-point arithmetic as floats (the same
+    value and type promotion). Torch-MLIR's folders, which IREE runs on constant
+    operands, read a negative `torch.constant.int` as unsigned:
+    `torch.full((2,), 3.0) * -2` compiled to 5.5e19, and a clamp to [-2, -1] gave -2
+    (its comparisons with -2 and -1 folded wrongly)."""
+    for node in graph.nodes:
+        if node.op != "call_function" or node.target not in _ARITHMETIC:
+            continue
+        values = (node.meta.get("val"), _meta_value(node.args[0]) if node.args else None)
+        if not any(isinstance(v, torch.Tensor) and v.dtype.is_floating_point for v in values):
+            continue
+        node.args = tuple(float(a) if type(a) is int else a for a in node.args)
+        node.kwargs = {k: float(v) if type(v) is int else v for k, v in node.kwargs.items()}
+
+
 def _meta_value(arg):
     return arg.meta["val"] if isinstance(arg, torch.fx.Node) else arg
 
@@ -160,6 +187,7 @@ def import_graph(gm: torch.fx.GraphModule, *, graph_name: str, importer: FxImpor
     graph = owner.graph
     _expand_sym_sums(graph)
     _drop_size_one_restrides(graph)
+    _float_numbers(graph)
     importer = importer or new_importer()
     try:
         importer.import_stateless_graph(graph, func_name=func_name)
