@@ -34,6 +34,7 @@ from tori.errors import CompileError, OptionsError
 from tori.frontend.constant_origins import ORIGIN, AssumedConstant
 from tori.frontend.decompositions import decomposition_table
 from tori.frontend.importer import import_graph, new_importer, to_bytecode
+from tori.frontend.signature import ArgKind
 from tori.passes import run_pipeline
 from tori.passes.lower_dialect import lower_for_iree
 from tori.runtime import artifact as fmt
@@ -119,8 +120,11 @@ def export(model: Any, args: tuple | None = None, kwargs: Mapping[str, Any] | No
         program = found.program.run_decompositions(decomposition_table())
         check_functional(program, name=entry)  # in-place updates show once decomposed
         gm = _stateless(program, found, hooks)
-        import_graph(gm, graph_name=entry, importer=importer, func_name=_function_name(entry))
+        _, signature = import_graph(gm, graph_name=entry, importer=importer, func_name=_function_name(entry))
         specs[entry] = _entry_spec(entry, program, found, entries[entry], symbols)
+        if ArgKind.SEED in signature.args:
+            # The function's last argument seeds its random ops: a fresh value per call.
+            specs[entry]["seed"] = {"dtype": "int64", "shape": [], "position": len(specs[entry]["inputs"])}
     module = importer.module
     if opts.pipeline:
         run_pipeline(module, opts.pipeline, graph=name)
@@ -342,7 +346,8 @@ def _write(output_dir: Path, *, name: str, opts: Options, vmfbs, specs, symbols,
                 manifest_c[target] = {"source": source, "header": header, "identifier": identifier}
         manifest = {
             "format": fmt.FORMAT,
-            "format_version": fmt.FORMAT_VERSION,
+            # Readers before version 2 do not pass an entry point's seed.
+            "format_version": fmt.FORMAT_VERSION if any("seed" in s for s in specs.values()) else 1,
             "name": name,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "versions": _versions(),

@@ -8,6 +8,7 @@ import io
 import operator
 import re
 from copy import deepcopy
+from dataclasses import replace
 
 import torch
 import torch.fx
@@ -21,7 +22,8 @@ from tori.errors import CompileError, UnsupportedOpError
 from tori.frontend.constant_origins import wrap_literal
 from tori.frontend.guard_facts import graph_facts, insert_facts
 from tori.frontend.higher_order import NodeImporter
-from tori.frontend.signature import GraphSignature, split_outputs
+from tori.frontend.seeded_random import seed_random_ops
+from tori.frontend.signature import ArgKind, GraphSignature, split_outputs
 from tori.stages import Stage
 
 FUNC_NAME = "main"
@@ -180,10 +182,13 @@ def new_importer(hooks: FxImporterHooks | None = None) -> FxImporter:
 def import_graph(gm: torch.fx.GraphModule, *, graph_name: str, importer: FxImporter | None = None,
                  func_name: str = FUNC_NAME) -> tuple[ir.Module, GraphSignature]:
     """Import a functional ATen graph as `func.func @main` in a fresh MLIR context, or as
-    `func_name` into `importer`'s module (several functions in one module)."""
+    `func_name` into `importer`'s module (several functions in one module). A graph with
+    random ops gets one more argument, last: the seed (ArgKind.SEED)."""
     signature, computed = split_outputs(gm.graph)
     owner = _computed_graph(gm, computed)
     _copy_subgraphs(owner, {})
+    if seed_random_ops(owner, graph_name):
+        signature = replace(signature, args=(*signature.args, ArgKind.SEED))
     graph = owner.graph
     _expand_sym_sums(graph)
     _drop_size_one_restrides(graph)

@@ -19,6 +19,9 @@ class ArgKind(enum.Enum):
     WRITTEN_TENSOR = "written tensor"  # a tensor IREE may write into: passed as a copy
     INT = "int"
     FLOAT = "float"
+    # A 0-d int64 seed for the graph's random ops (frontend/seeded_random.py), the last
+    # argument: the runtime draws it from torch's default generator; callers omit it.
+    SEED = "seed"
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,10 @@ import numpy as np
 from tori.errors import ArtifactError
 
 FORMAT = "tori-artifact"
-# Raised whenever an older reader could not run a newer artifact correctly.
-FORMAT_VERSION = 1
+# Raised whenever an older reader could not run a newer artifact correctly. Version 2:
+# an entry point may take a seed for its random ops (its `seed` field); artifacts
+# without one are still written as version 1.
+FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
 PARAMETER_SCOPE = "model"
 
@@ -197,6 +199,7 @@ class EntryPoint:
                 path=artifact.path / MANIFEST, field=f"entry_points.{name}.function")
         self.input_names = tuple(i["name"] for i in spec["inputs"])
         self.output_names = tuple(o["name"] for o in spec["outputs"])
+        self.seeded = "seed" in spec  # random ops: an int64 seed follows the inputs
 
     def __repr__(self) -> str:
         inputs = ", ".join(f"{i['name']}: {i['dtype']}{i['shape']}" for i in self.spec["inputs"])
@@ -241,17 +244,22 @@ class EntryPoint:
             arrays.append(array)
         return arrays
 
-    def __call__(self, *inputs: Any):
+    def __call__(self, *inputs: Any, seed: int | None = None):
+        """Run the entry point. One with random ops takes `seed`, by default a fresh draw
+        from the artifact's generator (`Artifact.manual_seed`): the same seed, the same results."""
         import iree.runtime as rt
 
         arrays = self.check_inputs(inputs)
         artifact = self._artifact
         transfer = artifact._transfer
-        arguments = rt.VmVariantList(len(arrays))
+        arguments = rt.VmVariantList(len(arrays) + self.seeded)
         for array in arrays:
             if array.dtype == np.float64 and not artifact.float64:
                 array = array.astype(np.float32)
             arguments.push_ref(transfer.upload(array, _element_type(array.dtype)))
+        if self.seeded:
+            value = np.array(artifact._seeds.integers(0, 2**63 - 1) if seed is None else seed, dtype=np.int64)
+            arguments.push_ref(transfer.upload(value, _element_type(value.dtype)))
         outputs = self.spec["outputs"]
         results = rt.VmVariantList(len(outputs))
         try:
@@ -275,6 +283,7 @@ class Artifact:
 
         self.path = Path(path)
         self.manifest = read_manifest(self.path)
+        self._seeds = np.random.default_rng()  # the seeds of entry points with random ops
         self.target, self.driver = _target_and_driver(self.manifest, device, self.path)
         target = self.manifest["targets"][self.target]
         self.float64 = target.get("float64", True)
@@ -300,6 +309,10 @@ class Artifact:
 
     def __repr__(self) -> str:
         return f"<tori artifact {self.path} on {self.driver}: {', '.join(self.entry_points)}>"
+
+    def manual_seed(self, seed: int) -> None:
+        """Seed the generator that draws the seeds of entry points with random ops."""
+        self._seeds = np.random.default_rng(seed)
 
     def __getitem__(self, name: str) -> EntryPoint:
         try:

@@ -20,6 +20,7 @@ from tori.errors import ToriRuntimeError, runtime_check_error
 from tori.frontend.signature import ArgKind, GraphSignature
 from tori.runtime import transfer
 from tori.runtime.module import LoadedModule
+from tori.runtime.seed import SeedSource
 from tori.stats import counters
 from tori.targets import Target
 
@@ -63,6 +64,9 @@ class CompiledGraph:
             for i, kind in enumerate(signature.args)
         )
         self._static_slots: list[tuple | None] = [None] * len(signature.args)
+        # Random ops take a seed drawn per call, an argument after the caller's.
+        seed_device = torch.device("cuda", device_index or 0) if target in _DL_DEVICE else torch.device("cpu")
+        self._seed = SeedSource(seed_device) if ArgKind.SEED in signature.args else None
         self._results = tuple((r.index, r.value, r.dtype) for r in signature.results)
         self._num_results = signature.num_iree_results
         self._vmfb = vmfb
@@ -172,6 +176,8 @@ class CompiledGraph:
                 packed.push_int(int(value))
             else:
                 packed.push_float(float(value))
+        if self._seed is not None:
+            packed.push_ref(self._seed.buffer(module.device))
         results = self._invoke(module, packed)
         export_tensor = module.device.create_dlpack_capsule
         outputs = []
@@ -209,6 +215,8 @@ class CompiledGraph:
                 packed.push_int(int(value))
             else:
                 packed.push_float(float(value))
+        if self._seed is not None:
+            packed.push_ref(transfer.upload(device, self._seed.draw()))
         results = self._invoke(module, packed)
         outputs = []
         for index, value, dtype in self._results:
