@@ -21,8 +21,8 @@ from tori.testing import assert_matches_eager, count_graphs
 
 
 def _unsupported(x):
-    # aten.geqrf has no lowering in Torch-MLIR/IREE and no decomposition in tori.
-    return torch.geqrf(x.abs() + 1)[1] * 2 + 1
+    # aten.linalg_ldl_factor_ex has no lowering in Torch-MLIR/IREE and no decomposition in tori.
+    return torch.linalg.ldl_factor_ex(x @ x.mT + 1)[0] * 2 + 1
 
 
 def _run_python(code: str) -> subprocess.CompletedProcess:
@@ -129,9 +129,9 @@ def test_fallback_to_eager_warns_once_with_stage_op_and_repro(tmp_path, caplog):
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING and r.name.startswith("tori")]
     assert len(warnings) == 1
     message = warnings[0].getMessage()
-    assert "stage 'iree'" in message and "torch.aten.geqrf" in message and "iree-compile" in message
+    assert "stage 'iree'" in message and "torch.aten.linalg_ldl_factor_ex" in message and "iree-compile" in message
     repro = tori.last_compile().forward.error.repro
-    assert repro.parent == tmp_path and "torch.aten.geqrf" in repro.read_text()
+    assert repro.parent == tmp_path and "torch.aten.linalg_ldl_factor_ex" in repro.read_text()
 
 
 def test_fallback_error_raises_compile_error_whose_command_reproduces(tmp_path):
@@ -140,12 +140,12 @@ def test_fallback_error_raises_compile_error_whose_command_reproduces(tmp_path):
         compiled(torch.randn(3, 5))
     error = raised.value
     assert isinstance(error, UnsupportedOpError)
-    assert error.stage == "iree" and error.op == "torch.aten.geqrf"
+    assert error.stage == "iree" and error.op == "torch.aten.linalg_ldl_factor_ex"
     assert error.repro.exists() and error.repro.with_suffix(".txt").exists()
     assert "reproduce with" in str(error) and "what to do" in str(error)
     done = subprocess.run(error.command, shell=True, capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]})
-    assert done.returncode != 0 and "torch.aten.geqrf" in done.stderr
+    assert done.returncode != 0 and "torch.aten.linalg_ldl_factor_ex" in done.stderr
 
 
 def test_import_stage_failure_falls_back_and_names_the_stage(tmp_path):

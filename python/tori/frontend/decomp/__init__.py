@@ -37,3 +37,5 @@ from tori.frontend.decomp import powers  # noqa: F401
 from tori.frontend.decomp import moments  # noqa: F401
 from tori.frontend.decomp import logical_reductions  # noqa: F401
 from tori.frontend.decomp import histogram  # noqa: F401
+from tori.frontend.decomp import qr  # noqa: F401
+from tori.frontend.decomp import spectral  # noqa: F401

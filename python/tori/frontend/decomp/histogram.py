@@ -1,5 +1,6 @@
-"""torch.histogram, which IREE does not lower: each element's bin found by comparing it
-with every bin edge, the counts (or weights) summed per bin from that one-hot table.
+"""torch.histogram and torch.histogramdd, which IREE does not lower: each element's bin
+found by comparing it with every bin edge (in each dimension), the counts (or weights)
+summed per bin from that one-hot table.
 """
 
 from __future__ import annotations
@@ -69,3 +70,81 @@ def histogram_bin_edges(op, x, bins, *, weight=None, density=False):
     if not _floating(x) or bins.dtype != x.dtype or bins.dim() != 1 or bins.numel() < 2:
         return NotImplemented
     return _histogram(x, bins.clone(), weight, density)
+
+
+# histogramdd ---------------------------------------------------------------------------
+
+
+def _outer_edges(x: torch.Tensor, bins: list[int], range) -> list[torch.Tensor]:
+    """Per dimension of the points `x` (..., D): `bins[d]` equal bins over range[2d:2d+2],
+    or from the smallest to the largest coordinate, widened as in 1-d."""
+    points = x.reshape(-1, x.shape[-1])
+    edges = []
+    for d, count in enumerate(bins):
+        if range is not None:
+            left = torch.full((), range[2 * d], dtype=x.dtype, device=x.device)
+            right = torch.full((), range[2 * d + 1], dtype=x.dtype, device=x.device)
+        elif points.shape[0] == 0:
+            left = right = torch.zeros((), dtype=x.dtype, device=x.device)
+        else:
+            left, right = torch.amin(points[:, d]), torch.amax(points[:, d])
+        equal = left == right
+        left, right = torch.where(equal, left - 0.5, left), torch.where(equal, right + 0.5, right)
+        edges.append(_linspace_edges(left, right, count))
+    return edges
+
+
+def _histogramdd(x: torch.Tensor, edges: list[torch.Tensor], weight: torch.Tensor | None,
+                 density: bool) -> torch.Tensor:
+    """The counts of the points `x` (..., D) in the cells of the grid `edges` (one
+    increasing tensor per dimension), bins as in 1-d: the cell's flat index from each
+    coordinate's bin, one one-hot table over all cells."""
+    points = x.reshape(-1, x.shape[-1])
+    shape = [e.shape[0] - 1 for e in edges]
+    cells = 1
+    for count in shape:
+        cells *= count
+    flat = torch.zeros(points.shape[0], 1, dtype=torch.int64, device=x.device)
+    inside = torch.ones(points.shape[0], 1, dtype=torch.bool, device=x.device)
+    for d, e in enumerate(edges):
+        values = points[:, d:d + 1]
+        inside = inside & (values >= e[0]) & (values <= e[-1])
+        position = torch.clamp((values >= e).sum(dim=1, keepdim=True) - 1, max=shape[d] - 1)
+        flat = flat * shape[d] + position
+    one_hot = (flat == torch.arange(cells, device=x.device)) & inside
+    if weight is None:
+        hist = one_hot.to(x.dtype).sum(dim=0)
+    else:
+        hist = torch.where(one_hot, weight.reshape(-1, 1), torch.zeros((), dtype=x.dtype, device=x.device)).sum(dim=0)
+    hist = hist.reshape(shape)
+    if density:
+        hist = hist / hist.sum()
+        for d, e in enumerate(edges):
+            widths = (e[1:] - e[:-1]).reshape([-1 if i == d else 1 for i in range(len(edges))])
+            hist = hist / widths
+    return hist
+
+
+def _dd_applies(x: torch.Tensor, bins) -> bool:
+    return _floating(x) and x.dim() >= 1 and len(bins) == x.shape[-1]
+
+
+@register_decomposition(aten._histogramdd_bin_edges.default)
+def histogramdd_bin_edges(op, x, bins, *, range=None, weight=None, density=False):
+    if not _dd_applies(x, bins) or min(bins, default=1) <= 0:
+        return NotImplemented
+    return _outer_edges(x, bins, range)
+
+
+@register_decomposition(aten._histogramdd_from_bin_cts.default)
+def histogramdd_from_bin_counts(op, x, bins, *, range=None, weight=None, density=False):
+    if not _dd_applies(x, bins) or min(bins, default=1) <= 0:
+        return NotImplemented
+    return _histogramdd(x, _outer_edges(x, bins, range), weight, density)
+
+
+@register_decomposition(aten._histogramdd_from_bin_tensors.default)
+def histogramdd_from_bin_edges(op, x, bins, *, weight=None, density=False):
+    if not _dd_applies(x, bins) or any(e.dtype != x.dtype or e.dim() != 1 or e.numel() < 2 for e in bins):
+        return NotImplemented
+    return _histogramdd(x, list(bins), weight, density)
