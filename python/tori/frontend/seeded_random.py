@@ -265,9 +265,9 @@ def seed_random_ops(gm: torch.fx.GraphModule, graph_name: str) -> bool:
         return False
     for node in random:
         if node.target not in _RULES or node.kwargs.get("generator") is not None:
-            raise UnsupportedOpError(f"tori draws no seeded samples for aten {node.target} "
+            raise UnsupportedOpError(f"tori draws no seeded samples for {node.target} "
                                      "(with an explicit generator, or without a rule in frontend/seeded_random.py)",
-                                     stage=Stage.TORCH.value, graph=graph_name, op=f"aten {node.target}")
+                                     stage=Stage.TORCH.value, graph=graph_name, op=f"{node.target}")
     fake_mode = torch._guards.detect_fake_mode([node.meta.get("val") for node in graph.nodes])
     if fake_mode is None:
         fake_mode = torch._subclasses.FakeTensorMode()
@@ -288,8 +288,8 @@ def seed_random_ops(gm: torch.fx.GraphModule, graph_name: str) -> bool:
         except UnsupportedOpError:
             raise
         except Exception as error:  # the rule does not cover these arguments (a dtype, a layout)
-            raise UnsupportedOpError(f"tori's seeded form of aten {node.target} failed: {type(error).__name__}: {error}",
-                                     stage=Stage.TORCH.value, graph=graph_name, op=f"aten {node.target}") from error
+            raise UnsupportedOpError(f"tori's seeded form of {node.target} failed: {type(error).__name__}: {error}",
+                                     stage=Stage.TORCH.value, graph=graph_name, op=f"{node.target}") from error
     graph.lint()
     gm.recompile()
     return True
@@ -329,8 +329,8 @@ def _replace(graph: torch.fx.Graph, node: torch.fx.Node, seed: torch.fx.Node, co
             elif sub.op == "output":
                 result = pytree.tree_map(lambda n: env[n] if isinstance(n, torch.fx.Node) else n, sub.args[0])
             elif sub.op == "get_attr":
-                raise UnsupportedOpError(f"the seeded rule of aten {node.target} made a constant tensor",
-                                         stage=Stage.TORCH.value, op=f"aten {node.target}")
+                raise UnsupportedOpError(f"the seeded rule of {node.target} made a constant tensor",
+                                         stage=Stage.TORCH.value, op=f"{node.target}")
             else:
                 env[sub] = graph.node_copy(sub, lambda n: env[n])
     if isinstance(node.meta.get("val"), (tuple, list)):
@@ -339,8 +339,8 @@ def _replace(graph: torch.fx.Graph, node: torch.fx.Node, seed: torch.fx.Node, co
                 user.replace_all_uses_with(result[user.args[1]])
                 graph.erase_node(user)
         if node.users:
-            raise UnsupportedOpError(f"aten {node.target}'s results are used other than by index",
-                                     stage=Stage.TORCH.value, op=f"aten {node.target}")
+            raise UnsupportedOpError(f"{node.target}'s results are used other than by index",
+                                     stage=Stage.TORCH.value, op=f"{node.target}")
     else:
         node.replace_all_uses_with(result)
     graph.erase_node(node)
