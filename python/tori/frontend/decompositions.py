@@ -78,6 +78,15 @@ def _chained(op, fn: Callable, fallback: Callable | None) -> Callable:
 # IREE's own gelu(approximate='tanh') is off by up to 5e-5 in float32.
 register_decomposition(aten.gelu.default)(lambda op, *a, **k: aten_decompositions[op](*a, **k))
 
+# where(c, a, a) is `a` broadcast to c's shape; Torch-MLIR's folder returned `a` itself,
+# and iree-compile failed on the function's result type (found by the fuzzer).
+@register_decomposition(aten.where.self)
+def _where_of_one_value(op, condition, a, b):
+    if a is not b:
+        return NotImplemented
+    return a.expand(torch.broadcast_shapes(condition.shape, a.shape))
+
+
 # IREE lowers the named shift ops but not the Python operators `<<`, `>>` on tensors.
 register_decomposition(aten.__lshift__.Tensor)(lambda op, *a, **k: aten.bitwise_left_shift.Tensor(*a, **k))
 register_decomposition(aten.__rshift__.Tensor)(lambda op, *a, **k: aten.bitwise_right_shift.Tensor(*a, **k))
