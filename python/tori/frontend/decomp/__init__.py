@@ -38,3 +38,4 @@ from tori.frontend.decomp import moments  # noqa: F401
 from tori.frontend.decomp import logical_reductions  # noqa: F401
 from tori.frontend.decomp import histogram  # noqa: F401
 from tori.frontend.decomp import qr  # noqa: F401
+from tori.frontend.decomp import spectral  # noqa: F401
