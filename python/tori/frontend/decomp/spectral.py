@@ -11,10 +11,10 @@ orthogonalizing the columns of the matrix (of its transpose when it is wide); ea
 round's rotations come from freshly computed column norms and dot products, which keeps
 small singular values accurate to their own size.
 
-The number of sweeps is fixed (`SWEEPS`): Jacobi converges quadratically, and 4 sweeps
+The number of sweeps is fixed (`SWEEPS`): Jacobi converges quadratically, and 5 sweeps
 already left float32 matrices of order up to `MAX_ORDER` = 8 at rounding level (random,
-symmetric, graded to condition 1e4, and rank-deficient ones, 1000 each); 6 leave a
-margin. Larger orders, symbolic sizes and dtypes other than float32/float64 return
+symmetric, graded to condition 1e4, and rank-deficient ones, 1000 each; 4 sweeps were
+off by 1e-4 at order 8); 6 leave a margin. Larger orders, symbolic sizes and dtypes other than float32/float64 return
 NotImplemented. Eigenvectors and singular vectors are unique only up to sign, and ours
 need not have LAPACK's signs; pinv, ranks, norms and condition numbers do not depend on
 them. An op's graph has SWEEPS · (n - 1) rounds; iree-compile takes seconds for n = 5.
@@ -23,6 +23,7 @@ them. An op's graph has SWEEPS · (n - 1) rounds; iree-compile takes seconds for
 from __future__ import annotations
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from tori.frontend.decompositions import register_decomposition
 
@@ -82,15 +83,33 @@ def _padded(a: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
     return a
 
 
+_SHARED: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def _shared(function):
+    """`function(a, *flags)` computed once per traced tensor `a`: svdvals, cond, rank
+    and pinv of one matrix in one graph share its rotations (each is hundreds of ops)."""
+
+    def compute(a: torch.Tensor, *flags):
+        results = _SHARED.setdefault(a, {})
+        key = (function.__name__, flags, a._version)
+        if key not in results:
+            results[key] = function(a, *flags)
+        return results[key]
+
+    return compute
+
+
 def _max_abs(a: torch.Tensor) -> torch.Tensor:
     """The largest |entry| per matrix (1 for a zero matrix), to keep squares in range."""
     scale = a.abs().amax((-2, -1), keepdim=True)
     return torch.where(scale == 0, torch.ones_like(scale), scale)
 
 
-def _symmetric_eigen(a: torch.Tensor, lower: bool, vectors: bool):
-    """Eigenvalues (ascending) and, with `vectors`, eigenvectors of the symmetric
-    matrix held in a's lower (or upper) triangle."""
+@_shared
+def _symmetric_eigen(a: torch.Tensor, lower: bool):
+    """Eigenvalues (ascending) and eigenvectors of the symmetric matrix held in a's
+    lower (or upper) triangle (unused eigenvectors are dropped from the graph)."""
     n = a.shape[-1]
     triangle = torch.tril(a) if lower else torch.triu(a)
     a = triangle + triangle.transpose(-2, -1) - torch.diag_embed(torch.diagonal(a, 0, -2, -1))
@@ -98,7 +117,7 @@ def _symmetric_eigen(a: torch.Tensor, lower: bool, vectors: bool):
     a = a / scale
     a = _padded(a, (-2, -1))
     size = a.shape[-1]
-    v = torch.eye(size, dtype=a.dtype, device=a.device).expand(a.shape) if vectors else None
+    v = torch.eye(size, dtype=a.dtype, device=a.device).expand(a.shape)
     for _ in range(SWEEPS):
         for _ in range(size - 1):
             h = size // 2
@@ -109,16 +128,13 @@ def _symmetric_eigen(a: torch.Tensor, lower: bool, vectors: bool):
             b = a * c.unsqueeze(-2) + swapped * tau.unsqueeze(-2)
             a = b * c.unsqueeze(-1) + _halves_swapped(b, -2) * tau.unsqueeze(-1)
             a = _next_round(_next_round(a, -1), -2)
-            if vectors:
-                v = _next_round(v * c.unsqueeze(-2) + _halves_swapped(v, -1) * tau.unsqueeze(-2), -1)
+            v = _next_round(v * c.unsqueeze(-2) + _halves_swapped(v, -1) * tau.unsqueeze(-2), -1)
     a = a[..., :n, :n]
-    if vectors:
-        v = v[..., :n, :n]
+    v = v[..., :n, :n]
     values = torch.diagonal(a, 0, -2, -1) * scale.squeeze(-1)
     order = _order(values, descending=False)
     values = torch.gather(values, -1, order)
-    if vectors:
-        v = torch.gather(v, -1, order.unsqueeze(-2).expand(v.shape))
+    v = torch.gather(v, -1, order.unsqueeze(-2).expand(v.shape))
     return values, v
 
 
@@ -135,13 +151,12 @@ def _order(values: torch.Tensor, descending: bool) -> torch.Tensor:
     return (hit.to(torch.int64) * index).sum(-1)
 
 
-def _one_sided(a: torch.Tensor, vectors: bool):
-    """Hestenes Jacobi on a (m ≥ n, scaled): b = a V with orthogonal columns, and V
-    (None without `vectors`)."""
+def _one_sided(a: torch.Tensor):
+    """Hestenes Jacobi on a (m ≥ n, scaled): b = a V with orthogonal columns, and V."""
     n = a.shape[-1]
     a = _padded(a, (-1,))
     size = a.shape[-1]
-    v = torch.eye(size, dtype=a.dtype, device=a.device).expand(*a.shape[:-2], size, size) if vectors else None
+    v = torch.eye(size, dtype=a.dtype, device=a.device).expand(*a.shape[:-2], size, size)
     for _ in range(SWEEPS):
         for _ in range(size - 1):
             h = size // 2
@@ -150,20 +165,25 @@ def _one_sided(a: torch.Tensor, vectors: bool):
             dots = (a * partners).sum(-2)
             c, tau = _rotation(norms[..., :h], norms[..., h:], dots[..., :h])
             a = _next_round(a * c.unsqueeze(-2) + partners * tau.unsqueeze(-2), -1)
-            if vectors:
-                v = _next_round(v * c.unsqueeze(-2) + _halves_swapped(v, -1) * tau.unsqueeze(-2), -1)
+            v = _next_round(v * c.unsqueeze(-2) + _halves_swapped(v, -1) * tau.unsqueeze(-2), -1)
     a = a[..., :n]
-    if vectors:
-        v = v[..., :n, :n]
+    v = v[..., :n, :n]
     return a, v
+
+
+@_shared
+def _orthogonalized(a: torch.Tensor):
+    """(b, V, scale) with b = (a / scale) V of orthogonal columns, for a or, when it is
+    wide, its transpose; scale = max |a|."""
+    tall = a.transpose(-2, -1) if a.shape[-2] < a.shape[-1] else a
+    scale = _max_abs(tall)
+    b, v = _one_sided(tall / scale)
+    return b, v, scale
 
 
 def _singular_values(a: torch.Tensor) -> torch.Tensor:
     """Singular values, descending."""
-    if a.shape[-2] < a.shape[-1]:
-        a = a.transpose(-2, -1)
-    scale = _max_abs(a)
-    b, _ = _one_sided(a / scale, vectors=False)
+    b, _, scale = _orthogonalized(a)
     values = torch.sqrt((b * b).sum(-2)) * scale.squeeze(-1)
     return torch.gather(values, -1, _order(values, descending=True))
 
@@ -206,8 +226,7 @@ def _svd(a: torch.Tensor, full_matrices: bool):
         v = torch.eye(k, dtype=a.dtype, device=a.device).expand(*batch, k, k)
         values = a.new_zeros(*batch, k)
     else:
-        scale = _max_abs(tall)
-        b, v = _one_sided(tall / scale, vectors=True)
+        b, v, scale = _orthogonalized(a)
         values = torch.sqrt((b * b).sum(-2))
         order = _order(values, descending=True)
         values = torch.gather(values, -1, order)
@@ -246,7 +265,7 @@ def eigh(op, a, UPLO="L", compute_v=True):
     if a.numel() == 0:
         vectors = a.new_zeros(a.shape) if compute_v else a.new_empty(0)
         return a.new_zeros(*a.shape[:-2], n), vectors
-    values, vectors = _symmetric_eigen(a, UPLO.upper() == "L", compute_v)
+    values, vectors = _symmetric_eigen(a, UPLO.upper() == "L")
     return values, (vectors if compute_v else a.new_empty(0))
 
 
@@ -255,7 +274,8 @@ def eigh(op, a, UPLO="L", compute_v=True):
 
 def _cutoff(a: torch.Tensor, largest: torch.Tensor, atol, rtol) -> torch.Tensor:
     """max(atol, rtol · σ₁) as torch.linalg.pinv and matrix_rank document it: atol 0 by
-    default; rtol by default eps · max(m, n), or 0 where atol is given and positive."""
+    default; rtol by default eps · max(m, n), or 0 where atol is given and positive.
+    Tensor tolerances are per matrix (broadcast over the batch), as in eager."""
     m, n = a.shape[-2:]
     default = torch.finfo(a.dtype).eps * max(m, n)
     zero = torch.zeros((), dtype=a.dtype, device=a.device)
@@ -266,24 +286,22 @@ def _cutoff(a: torch.Tensor, largest: torch.Tensor, atol, rtol) -> torch.Tensor:
             rtol_t = torch.where(atol_t > 0, zero, rtol_t)
     else:
         rtol_t = torch.as_tensor(rtol, dtype=a.dtype, device=a.device)
-    return torch.maximum(atol_t, rtol_t * largest)
+    return torch.maximum(atol_t.unsqueeze(-1), rtol_t.unsqueeze(-1) * largest)
 
 
 def _pinv(a: torch.Tensor, atol, rtol, hermitian: bool) -> torch.Tensor:
     m, n = a.shape[-2:]
     if a.numel() == 0:
         return a.new_zeros(*a.shape[:-2], n, m)
-    scale = _max_abs(a)
     if hermitian:
-        values, v = _symmetric_eigen(a, lower=True, vectors=True)
+        values, v = _symmetric_eigen(a, True)
         magnitude = values.abs()
         cutoff = _cutoff(a, magnitude.amax(-1, keepdim=True), atol, rtol)
         kept = magnitude > cutoff
         inverse = torch.where(kept, 1 / torch.where(kept, values, torch.ones_like(values)), torch.zeros_like(values))
         return (v * inverse.unsqueeze(-2)) @ v.transpose(-2, -1)
     wide = m < n
-    tall = a.transpose(-2, -1) if wide else a
-    b, v = _one_sided(tall / scale, vectors=True)
+    b, v, scale = _orthogonalized(a)
     values = torch.sqrt((b * b).sum(-2))  # of a / scale
     cutoff = _cutoff(a, values.amax(-1, keepdim=True) * scale.squeeze(-1), atol, rtol) / scale.squeeze(-1)
     kept = values > cutoff
