@@ -9,7 +9,8 @@ import pytest
 import torch
 from hypothesis import HealthCheck, Phase, given, seed, settings
 
-from tori.fuzz.check import Summary, Verdict, check, mismatch
+from tori.fuzz.check import Summary, Verdict, check, mismatch, unsettled_values
+from tori.fuzz.program import build
 from tori.fuzz.program import InputSpec, Node, Program
 from tori.fuzz.strategies import batches
 
@@ -96,6 +97,28 @@ def test_where_of_one_value_broadcasts():
     fresh = Summary()
     (outcome,) = check([program], fresh)
     assert outcome.verdict is Verdict.MATCH, outcome.detail
+
+
+def program_outputs(program: Program) -> list[torch.Tensor]:
+    return list(build(program.function_source(), "program")(*(spec.make() for spec in program.inputs)))
+
+
+def test_values_that_input_rounding_unsettles_are_not_judged():
+    # From `make fuzz` seed 3: a row [0.47, -0.05, -3e38, 3e38] times a column whose
+    # last two weights are equal: eager 0.0, tori -1.9e30 (a fused multiply-add keeps the
+    # product's rounding error). Both are within rounding of the 1e38 terms; moving the
+    # inputs by one float32 rounding moves the exact result that far, so that value is
+    # not judged. Values that do not move are still compared.
+    spec = InputSpec((2,), torch.float32, specials=(-3e38, 3e38))
+    program = Program(inputs=(spec, InputSpec((3,), torch.float32, seed=1)), nodes=(
+        Node("v0", "matmul", "x0 @ torch.full((2,), 0.3912186, dtype=x0.dtype)"),
+        Node("v1", "binary", "x1 * 2 + 1")))
+    cancelled, scaled = unsettled_values(program)
+    assert bool(cancelled) is True and not scaled.any()
+    eager = program_outputs(program)
+    assert mismatch(torch.tensor(-1.9e30), eager[0]) is not None
+    assert mismatch(torch.tensor(-1.9e30), eager[0], cancelled) is None
+    assert mismatch(eager[1] * 1.01, eager[1], scaled) is not None
 
 
 def test_mismatch_tells_nan_inf_dtype_and_shape_apart():
