@@ -65,3 +65,16 @@ def test_histogramdd_counts_weights_and_densities():
 
     counts = assert_matches_eager(fn, points, weight, *edges, rtol=1e-5, atol=1e-5)[0].hist
     assert counts.item() == 20
+
+
+def test_ormqr_applies_the_reflectors_from_either_side():
+    # ormqr multiplies by the full m x m Q of geqrf's first k reflectors.
+    torch.manual_seed(0)
+    a, tau = torch.geqrf(torch.randn(6, 4))
+    square = torch.randn(6, 6)
+
+    def fn(a, tau, square):
+        return (torch.ormqr(a, tau, square), torch.ormqr(a, tau, square, transpose=True),
+                torch.ormqr(a, tau, square[:, :2]), torch.ormqr(a, tau, square, left=False, transpose=True))
+
+    assert_matches_eager(fn, a, tau, square, rtol=1e-5, atol=1e-5)

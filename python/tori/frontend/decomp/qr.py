@@ -106,6 +106,26 @@ def householder_product(op, a, tau):
     return _householder_product(a, tau, n).contiguous()
 
 
+@register_decomposition(aten.ormqr.default)
+def ormqr(op, a, tau, other, left=True, transpose=False):
+    """Q (or Q^T) times `other`, or `other` times it, where Q is the full m x m product
+    of geqrf's first k reflectors in `a`: those reflectors padded with tau = 0 (an
+    identity reflection) to m columns, multiplied out by householder_product."""
+    if not _applies(a, tau, other) or not (a.dtype == tau.dtype == other.dtype):
+        return NotImplemented
+    m, k = a.shape[-2], tau.shape[-1]
+    if k > min(m, a.shape[-1]):
+        return NotImplemented  # eager raises
+    reflectors = a[..., :, :k]
+    if k < m:
+        reflectors = torch.cat([reflectors, reflectors.new_zeros(*reflectors.shape[:-1], m - k)], -1)
+        tau = torch.cat([tau, tau.new_zeros(*tau.shape[:-1], m - k)], -1)
+    q = aten.linalg_householder_product.default(reflectors, tau)
+    if transpose:
+        q = q.mT
+    return q @ other if left else other @ q
+
+
 @register_decomposition(aten.linalg_qr.default)
 def linalg_qr(op, a, mode="reduced"):
     """Q from geqrf's reflectors (orgqr), R the upper triangle: Q m×k and R k×n
