@@ -74,7 +74,9 @@ def test_random_ops_in_forward_are_not_folded():
         return x + torch.rand(4) * 0  # rand must stay: folding would fix its values
 
     assert_matches_eager(noisy, torch.randn(4), options=FOLD)
-    assert "torch.aten.rand" in tori.last_compile().stages["tori"]
+    # rand is computed from the per-call seed, the last argument: still read after folding
+    tori_stage = tori.last_compile().stages["tori"]
+    assert "%arg1: !torch.vtensor<[],si64>" in tori_stage and tori_stage.count("%arg1") >= 2
 
 
 @pytest.mark.parametrize("name", [

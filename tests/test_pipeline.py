@@ -381,7 +381,7 @@ def test_a_pass_that_breaks_the_ir_stops_there_with_its_input_as_repro(tmp_path)
         torch.compile(f, backend="tori", options={**options, "fallback": "error"})(torch.ones(2))
     error = raised.value
     assert error.stage == "tori" and error.op == "pass test-breaks-ir" and "IREE" not in error.reason
-    assert error.repro.read_text() == error.ir_before and "torch.constant.int 3" in error.ir_before
+    assert error.repro.read_text() == error.ir_before and "torch.constant.float 3.0" in error.ir_before
     assert error.command.endswith(f"-m tori.passes.run {error.repro} --pipeline test-breaks-ir")
     # The command's runner, in a fresh interpreter that also has this test pass.
     replay = (f"import sys; sys.path.insert(0, {os.path.dirname(__file__)!r}); import test_pipeline; "

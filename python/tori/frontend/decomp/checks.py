@@ -68,7 +68,8 @@ def _checked_index(op, index, dim: int, size, negative: bool, index_error: bool)
     if not isinstance(index, torch.Tensor) or index.dtype not in _INTEGER or index.numel() == 0:
         return index
     low = -size if negative else 0
-    ok = ((index >= low) & (index < size)).all()
+    flat = index.reshape(-1)  # min and max: IREE's `all` of an expanded index with a dynamic size failed
+    ok = (flat.amin() >= low) & (flat.amax() < size)
     kind = INDEX_ERROR_CHECK if index_error else INDEX_RUNTIME_CHECK
     name = op.name().removeprefix("aten::").split(".")[0]
     aten._assert_async.msg(ok, f"{kind} in {name}: an index for dimension {dim} (size {size}) "
@@ -88,7 +89,11 @@ def _checked_divisor(a, b) -> None:
     if not tensors or torch.result_type(a, b).is_floating_point or torch.result_type(a, b) == torch.bool:
         return
     if isinstance(b, torch.Tensor):
-        ok = (b != 0).all()
+        if b.numel() == 0:
+            return
+        # max rather than all(): IREE's `all` of a broadcast with a dynamic size needed an
+        # unbounded stack allocation
+        ok = (b == 0).reshape(-1).to(torch.int32).amax() <= 0
     elif b != 0:
         return
     else:
