@@ -121,11 +121,13 @@ def test_reset_releases_memory_over_many_compile_cycles():
     # aot_eager backend). tori's share beyond that, cycles served by the compile cache,
     # measured 2 to 3.2 MB over 50 cycles (allocator pools; it levels off:
     # tests/test_reliability.py over 100 cycles); a leak of a module per cycle is more.
-    baseline = _growth_over_cycles("aot_eager", 50)
+    # 30 cycles here (100 in tests/test_reliability.py): a module leaked per cycle (over
+    # 170 KB each) still passes the bound.
+    baseline = _growth_over_cycles("aot_eager", 30)
     with count_graphs() as count:
-        tori_growth = _growth_over_cycles("tori", 50)
-    assert count.compiled_graphs == 60
-    assert tori_growth - baseline < 5.0, f"tori grew {tori_growth:.1f} MB over 50 cycles, Dynamo alone {baseline:.1f} MB"
+        tori_growth = _growth_over_cycles("tori", 30)
+    assert count.compiled_graphs == 40
+    assert tori_growth - baseline < 5.0, f"tori grew {tori_growth:.1f} MB over 30 cycles, Dynamo alone {baseline:.1f} MB"
 
 
 def test_allow_in_graph_puts_an_untraceable_function_in_one_tori_graph():
