@@ -51,17 +51,19 @@ def tori_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], options: d
     record.dynamo_code = gm.code
     rewrite_tensor_start_narrows(gm)
     constants = _dynamo_constants(gm)
-    compilers = {kind: _aot_compiler(record, kind, constants) for kind in ("forward", "backward", "inference")}
+    plain = _PlainInference()
+    compilers = {kind: _aot_compiler(record, kind, constants, plain) for kind in ("forward", "backward", "inference")}
     try:
         # Effect tokens made and consumed inside the graph (prims._make_token, _sink_tokens)
         # rather than passed as inputs, which AOTAutograd's runtime wrapper sets to None.
         with torch._functorch.config.patch(unlift_effect_tokens=True):
-            return aot_autograd(
+            wrapped = aot_autograd(
                 fw_compiler=compilers["forward"],
                 bw_compiler=compilers["backward"],
                 inference_compiler=compilers["inference"],
                 decompositions=decomposition_table(record.options.runtime_checks),
             )(gm, example_inputs)
+        return plain.direct(len(gm.graph.find_nodes(op="placeholder"))) or wrapped
     except ToriError as error:
         if isinstance(error, BackendCompilerFailed):
             raise
@@ -121,8 +123,75 @@ def _mutates(user: torch.fx.Node, node: torch.fx.Node) -> bool:
         for argument, value in zip(schema.arguments, user.args))
 
 
-def _aot_compiler(record: CompileRecord, kind: str, constants: list[AssumedConstant]) -> Callable:
+class _PlainInference:
+    """An inference graph that AOTAutograd's runtime wrapper has nothing to do for.
+
+    The wrapper replays input mutations, regenerates outputs that alias inputs or
+    each other, removes duplicated arguments, threads effect tokens and RNG state,
+    and wraps tensor subclasses. A graph needing none of that is called directly
+    (its parameters and buffers first, as AOTAutograd lifted them), which saves the
+    wrapper's per-call work. Dynamo's guards (grad mode, autocast, each tensor's
+    properties and aliasing) keep every later call within what was checked here.
+    """
+
+    def __init__(self):
+        self.compiled: Callable | None = None
+        self.lifted: tuple = ()
+        self.num_inputs = -1
+
+    def offer(self, compiled: Callable, gm: torch.fx.GraphModule) -> None:
+        context = torch._guards.TracingContext.try_get()
+        meta = context.fw_metadata if context is not None else None
+        if meta is None or not _plain(meta) or torch._C._is_any_autocast_enabled():
+            return
+        self.compiled = compiled
+        self.lifted = tuple(context.params_flat or ())
+        self.num_inputs = len(gm.graph.find_nodes(op="placeholder"))
+
+    def direct(self, num_dynamo_inputs: int) -> Callable | None:
+        """The call without AOTAutograd's wrapper, if the graph takes exactly the lifted
+        tensors and Dynamo's inputs (no argument was deduplicated away)."""
+        if self.compiled is None or self.num_inputs != len(self.lifted) + num_dynamo_inputs:
+            return None
+        compiled, lifted = self.compiled, self.lifted
+        if lifted:
+            def call(*args):
+                return compiled([*lifted, *args])
+        else:
+            def call(*args):
+                return compiled(list(args))
+        call.compiled_graph = getattr(compiled, "compiled_graph", None)
+        call.without_aot_wrapper = True
+        return call
+
+
+def _plain(meta) -> bool:
+    """Whether AOTAutograd's runtime wrapper would only pass arguments and results through."""
+    from torch._functorch._aot_autograd.schemas import SubclassCreationMeta
+
+    return (
+        meta.num_mutated_inp_runtime_indices == 0
+        and not any(info.mutates_data or info.mutates_metadata for info in meta.input_info)
+        and meta.num_outputs_aliased == 0
+        and meta.num_unsafe_view_outputs == 0
+        and meta.num_intermediate_bases == 0
+        and not meta.tokens
+        and not meta.is_rng_op_functionalized
+        and meta.num_graphsafe_rng_states == 0
+        and meta.grad_enabled_mutation is None
+        and not any(isinstance(m, SubclassCreationMeta)
+                    for m in (*meta.subclass_inp_meta, *meta.subclass_fw_graph_out_meta))
+    )
+
+
+def _aot_compiler(record: CompileRecord, kind: str, constants: list[AssumedConstant], plain: _PlainInference) -> Callable:
     def compile_aot_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]):
+        compiled = _compile_aot_graph(gm, kind)
+        if kind == "inference":
+            plain.offer(compiled, gm)
+        return compiled
+
+    def _compile_aot_graph(gm: torch.fx.GraphModule, kind: str):
         if constants and kind != "backward":
             _use_constants_as_literals(gm, constants)
         graph = GraphRecord(name=f"{record.name}_{kind}", kind=kind, dynamo_code=record.dynamo_code)
