@@ -17,7 +17,8 @@ import pytest
 import torch
 
 import tori
-from tori.cache import REDIS_PREFIX, CorruptEntry, DiskCache, compile_key, decode_entry, encode_entry, host_cpu
+from tori.cache import REDIS_PREFIX, CorruptEntry, DiskCache, compile_key, decode_entry, encode_entry, host_cpu, read_entry
+from tori.frontend.graph_cache import ENTRY_KIND
 from tori.config import Options, from_environment
 from tori.errors import OptionsError
 from tori.targets import Target
@@ -33,6 +34,9 @@ CHILD = textwrap.dedent("""
     sys.path.insert(0, sys.argv[1])
     from models import MODELS
     from tori.stats import counters
+    import tori.frontend.backend as backend
+    traced, aot_autograd = [], backend.aot_autograd
+    backend.aot_autograd = lambda **kwargs: traced.append(1) or aot_autograd(**kwargs)
     model = MODELS["mlp"]
     module, inputs = model.build(), model.example_inputs()
     with torch.no_grad():
@@ -41,7 +45,8 @@ CHILD = textwrap.dedent("""
     torch.testing.assert_close(actual, expected)
     print(json.dumps({"iree_compiles": counters.iree_compiles, "cache_hits": counters.cache_hits,
                       "compiled_graphs": counters.compiled_graphs, "cache_corrupt": counters.cache_corrupt,
-                      "cache_refused": counters.cache_refused}))
+                      "cache_refused": counters.cache_refused, "graph_cache_hits": counters.graph_cache_hits,
+                      "aot_traces": len(traced)}))
 """)
 
 
@@ -53,17 +58,23 @@ def run_child(cache_dir: Path, **env: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def entries(cache_dir: Path) -> list[Path]:
-    return sorted(cache_dir.glob("??/*.entry"))
+def entries(cache_dir: Path, kind: str = "modules") -> list[Path]:
+    """The cache's entries of modules, or (kind 'dynamo-graph') those naming the modules
+    of a Dynamo graph."""
+    found = sorted(cache_dir.glob("??/*.entry"))
+    return [p for p in found if (read_entry(p.stem, p.read_bytes())[1].get("kind") == ENTRY_KIND) == (kind == ENTRY_KIND)]
 
 
 def test_warm_start_in_a_new_process_compiles_nothing(tmp_path):
     cold = run_child(tmp_path)
     assert cold["iree_compiles"] == 1 and cold["cache_hits"] == 0 and cold["compiled_graphs"] == 1
-    assert len(entries(tmp_path)) == 1
+    assert cold["aot_traces"] == 1 and cold["graph_cache_hits"] == 0
+    assert len(entries(tmp_path)) == 1 and len(entries(tmp_path, ENTRY_KIND)) == 1
     warm = run_child(tmp_path)
     assert warm["iree_compiles"] == 0 and warm["cache_hits"] == 1
     assert warm["compiled_graphs"] == 1  # the graph still runs compiled
+    # Served by the Dynamo graph's entry: AOTAutograd did not trace it again.
+    assert warm["graph_cache_hits"] == 1 and warm["aot_traces"] == 0
 
 
 def test_off_switch_writes_nothing_and_compiles_every_time(tmp_path):

@@ -142,6 +142,12 @@ def _entry_digest(header: Mapping, blobs: Iterable[bytes]) -> str:
 
 def decode_entry(key: str, data: bytes) -> dict[Target, bytes]:
     """The vmfbs of an entry; CorruptEntry unless every byte matches its content hash."""
+    return read_entry(key, data)[0]
+
+
+def read_entry(key: str, data: bytes) -> tuple[dict[Target, bytes], dict]:
+    """The vmfbs and the metadata of an entry; CorruptEntry unless every byte matches
+    its content hash."""
     if not data.startswith(MAGIC):
         raise CorruptEntry("not a tori cache entry")
     end = data.find(b"\n", len(MAGIC))
@@ -163,7 +169,7 @@ def decode_entry(key: str, data: bytes) -> dict[Target, bytes]:
         offset += size
     if not hmac.compare_digest(str(header.get("sha256", "")), _entry_digest(header, vmfbs.values())):
         raise CorruptEntry("content hash mismatch")
-    return vmfbs
+    return vmfbs, header.get("meta") if isinstance(header.get("meta"), dict) else {}
 
 
 # --- the local disk cache ---------------------------------------------------
@@ -182,13 +188,18 @@ class DiskCache:
         return self.directory / key[:2] / f"{key}{ENTRY_SUFFIX}"
 
     def get(self, key: str) -> dict[Target, bytes] | None:
+        found = self.read(key)
+        return found[0] if found is not None else None
+
+    def read(self, key: str) -> tuple[dict[Target, bytes], dict] | None:
+        """The entry under `key` (vmfbs and metadata), None when absent or corrupted."""
         path = self.path(key)
         try:
             data = path.read_bytes()
         except OSError:
             return None
         try:
-            vmfbs = decode_entry(key, data)
+            found = read_entry(key, data)
         except CorruptEntry as error:
             log.warning("tori: compile cache entry %s is corrupted (%s); deleted, the graph is recompiled", path, error)
             counters.cache_corrupt += 1
@@ -201,7 +212,7 @@ class DiskCache:
             os.utime(path)
         except OSError:
             pass  # evicted meanwhile by another process: the modules read are whole
-        return vmfbs
+        return found
 
     def put(self, key: str, entry: bytes) -> None:
         path = self.path(key)
@@ -304,22 +315,28 @@ class CompileCache:
         self.shared = shared
 
     def get(self, key: str) -> dict[Target, bytes] | None:
-        vmfbs = self.local.get(key)
-        if vmfbs is None and self.shared is not None:
+        found = self.read(key)
+        if found is None:
+            counters.cache_misses += 1
+            return None
+        counters.cache_hits += 1
+        return found[0]
+
+    def read(self, key: str) -> tuple[dict[Target, bytes], dict] | None:
+        """The entry under `key` (vmfbs and metadata), locally or else from the shared
+        cache (then kept locally); not counted."""
+        found = self.local.read(key)
+        if found is None and self.shared is not None:
             entry = self.shared.get(key)
             if entry is not None:
                 try:
-                    vmfbs = decode_entry(key, entry)
+                    found = read_entry(key, entry)
                 except CorruptEntry as error:
                     log.warning("tori: shared compile cache entry %s is corrupted (%s); recompiling", key, error)
                     counters.cache_corrupt += 1
                 else:
                     self._put_local(key, entry)
-        if vmfbs is None:
-            counters.cache_misses += 1
-        else:
-            counters.cache_hits += 1
-        return vmfbs
+        return found
 
     def put(self, key: str, vmfbs: Mapping[Target, bytes], meta: Mapping | None = None) -> None:
         entry = encode_entry(key, vmfbs, meta)

@@ -25,6 +25,8 @@ class Counters:
     cache_misses: int = 0  # graphs looked up in the compile cache and not found
     cache_corrupt: int = 0  # cache entries that failed their content hash (deleted)
     cache_refused: int = 0  # shared cache entries not signed with TORI_CACHE_KEY
+    # Dynamo graphs served from the compile cache before AOTAutograd traced them (frontend/graph_cache.py)
+    graph_cache_hits: int = 0
 
     def snapshot(self) -> "Counters":
         return Counters(**{f.name: getattr(self, f.name) for f in fields(self)})

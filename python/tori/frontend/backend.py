@@ -22,6 +22,7 @@ from tori.errors import CheckFailedError, CompileError, OptionsError, ToriError,
 from tori.frontend.compile_graph import compile_graph
 from tori.frontend.constant_origins import ORIGIN, AssumedConstant, assumed_constants
 from tori.frontend.decompositions import decomposition_table
+from tori.frontend import graph_cache
 from tori.frontend.tensor_start_narrow import rewrite_tensor_start_narrows
 from tori.frontend.partition import compile_partitioned
 from tori.frontend.records import CompileRecord, GraphRecord, new_record
@@ -50,6 +51,12 @@ def tori_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], options: d
     record = new_record(opts)
     record.dynamo_code = gm.code
     rewrite_tensor_start_narrows(gm)
+    key = graph_cache.graph_key(gm, example_inputs, opts)
+    if key is not None:
+        served = graph_cache.load(key, gm, opts, record)
+        if served is not None:
+            counters.compiled_graphs += 1
+            return _unboxed(_boxed(served, gm, opts, record.graphs[-1].name), ())
     constants = _dynamo_constants(gm)
     plain = _PlainInference()
     compilers = {kind: _aot_compiler(record, kind, constants, plain) for kind in ("forward", "backward", "inference")}
@@ -63,7 +70,12 @@ def tori_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], options: d
                 inference_compiler=compilers["inference"],
                 decompositions=decomposition_table(record.options.runtime_checks),
             )(gm, example_inputs)
-        return plain.direct(len(gm.graph.find_nodes(op="placeholder"))) or wrapped
+        direct = plain.direct(len(gm.graph.find_nodes(op="placeholder")))
+        if direct is None:
+            return wrapped
+        if key is not None and plain.whole(record):
+            graph_cache.store(key, record.graphs[0], opts, plain.static_args)
+        return direct
     except ToriError as error:
         if isinstance(error, BackendCompilerFailed):
             raise
@@ -138,8 +150,9 @@ class _PlainInference:
         self.compiled: Callable | None = None
         self.lifted: tuple = ()
         self.num_inputs = -1
+        self.static_args: frozenset[int] = frozenset()
 
-    def offer(self, compiled: Callable, gm: torch.fx.GraphModule) -> None:
+    def offer(self, compiled: Callable, gm: torch.fx.GraphModule, static_args: frozenset[int]) -> None:
         context = torch._guards.TracingContext.try_get()
         meta = context.fw_metadata if context is not None else None
         if meta is None or not _plain(meta) or torch._C._is_any_autocast_enabled():
@@ -147,22 +160,36 @@ class _PlainInference:
         self.compiled = compiled
         self.lifted = tuple(context.params_flat or ())
         self.num_inputs = len(gm.graph.find_nodes(op="placeholder"))
+        self.static_args = static_args
 
     def direct(self, num_dynamo_inputs: int) -> Callable | None:
         """The call without AOTAutograd's wrapper, if the graph takes exactly the lifted
         tensors and Dynamo's inputs (no argument was deduplicated away)."""
         if self.compiled is None or self.num_inputs != len(self.lifted) + num_dynamo_inputs:
             return None
-        compiled, lifted = self.compiled, self.lifted
-        if lifted:
-            def call(*args):
-                return compiled([*lifted, *args])
-        else:
-            def call(*args):
-                return compiled(list(args))
-        call.compiled_graph = getattr(compiled, "compiled_graph", None)
-        call.without_aot_wrapper = True
-        return call
+        return _unboxed(self.compiled, self.lifted)
+
+    def whole(self, record: CompileRecord) -> bool:
+        """Whether the Dynamo graph compiled as one module: no fallback, partition or
+        shape variants, nothing lifted (what the graph cache can serve again)."""
+        if self.lifted or len(record.graphs) != 1:
+            return False
+        graph = record.graphs[0]
+        return graph.kind == "inference" and not graph.fell_back and not graph.variants \
+            and getattr(self.compiled, "compiled_graph", None) is graph.compiled
+
+
+def _unboxed(compiled: Callable, lifted: tuple) -> Callable:
+    """Dynamo's unboxed call of the boxed `compiled`, the lifted tensors first."""
+    if lifted:
+        def call(*args):
+            return compiled([*lifted, *args])
+    else:
+        def call(*args):
+            return compiled(list(args))
+    call.compiled_graph = getattr(compiled, "compiled_graph", None)
+    call.without_aot_wrapper = True
+    return call
 
 
 def _plain(meta) -> bool:
@@ -188,7 +215,7 @@ def _aot_compiler(record: CompileRecord, kind: str, constants: list[AssumedConst
     def compile_aot_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]):
         compiled = _compile_aot_graph(gm, kind)
         if kind == "inference":
-            plain.offer(compiled, gm)
+            plain.offer(compiled, gm, _static_inputs(kind))
         return compiled
 
     def _compile_aot_graph(gm: torch.fx.GraphModule, kind: str):

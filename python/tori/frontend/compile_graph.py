@@ -57,6 +57,7 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
         cache = None if options.dump_iree_phases else compile_cache(options)
         key = compile_key(record.stages[Stage.TORI], options) if cache is not None else None
         vmfbs = cache.get(key) if cache is not None else None
+        record.modules_key = key
         invocation = IreeInvocation(tuple(compile_flags(options.target, target_arch(options, options.target),
                                                         options.iree_flags + iree_dump_flags(record, options))))
         record.stages[Stage.IREE] = invocation.shell_command(f"{record.name}.mlirbc", f"{record.name}.vmfb")

@@ -38,6 +38,10 @@ class GraphRecord:
     dynamo_code: str = ""
     guards: tuple[str, ...] = ()
     iree_input: str | None = None
+    # The compile cache's key of this graph's modules (tori.cache.compile_key), when cached.
+    modules_key: str | None = None
+    # Served from the compile cache before AOTAutograd traced it (frontend/graph_cache.py).
+    from_graph_cache: bool = False
 
     @property
     def fell_back(self) -> bool:
