@@ -1,10 +1,12 @@
-"""Eager vs inductor vs tori on the benchmark models, all measured in one process.
+"""Eager vs inductor vs tori on the benchmark models, and issue 8's targets.
 
 For each model: compile with each backend (the first call's time is the compile
 time), check the output against eager, check that tori really ran compiled,
-then time the three interleaved in rounds and report medians and ratios.
+then time the configurations interleaved in rounds and report medians and ratios.
+Then each model's first calls in fresh processes, cold and warm, for tori and
+inductor (benchmarks/warm_start.py), and every target with its measured figure.
 
-    python benchmarks/run.py [--models mlp,cnn_bn] [--seconds 1.0] [--json PATH]
+    python benchmarks/run.py [--models mlp,cnn_bn] [--seconds 1.0] [--json PATH] [--no-first-calls]
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import argparse
 import contextlib
 import datetime
 import json
+import math
 import os
 import platform
 import statistics
@@ -38,6 +41,7 @@ from tori.runtime.compiled_graph import TRIAL_CALLS_PER_DRIVER  # noqa: E402
 from tori.stages import Stage  # noqa: E402
 from tori.targets.dispatches import count_dispatches  # noqa: E402
 from models import MODELS  # noqa: E402
+import warm_start  # noqa: E402
 
 # Output tolerance against eager: compiled kernels reorder float reductions.
 RTOL = 1e-4
@@ -90,6 +94,13 @@ def eager(model: torch.nn.Module) -> Callable:
     return model
 
 
+@config("dynamo")
+def dynamo_only(model: torch.nn.Module) -> Callable:
+    # Dynamo with its eager backend: the graph runs op by op in PyTorch. Its per-call
+    # time over eager's is what Dynamo itself costs any backend (guards, frame handling).
+    return torch.compile(model, backend="eager")
+
+
 @config("inductor")
 def inductor(model: torch.nn.Module) -> Callable:
     return torch.compile(model)
@@ -131,7 +142,7 @@ def _tori_outcome(before: tori.stats.Counters, records: list[tori.CompileRecord]
     drivers = {g.compiled.driver for r in records for g in r.graphs if g.compiled is not None and g.compiled.driver}
     result.driver = ",".join(sorted(drivers)) or None
     compiled = [(r.options, g) for r in records for g in r.graphs if g.compiled is not None]
-    if compiled:
+    if compiled and all(Stage.TORI in g.stages for _, g in compiled):
         result.dispatches = sum(dispatch_count(g.stages[Stage.TORI], options) for options, g in compiled)
     if delta.fallback_graphs or delta.fallback_calls or not delta.compiled_calls:
         errors = _compile_errors(records)
@@ -230,7 +241,7 @@ def _tori_ms(m: Measurement) -> str:
 
 
 COLUMNS = (
-    "model", "eager ms", "inductor ms", "tori ms", "tori speedup vs eager",
+    "model", "eager ms", "dynamo ms", "inductor ms", "tori ms", "tori speedup vs eager",
     "tori speedup vs inductor", "inductor compile s", "tori compile s", "tori driver",
     "tori no-passes ms", "passes speedup", "dispatches (passes / none)",
 )
@@ -239,9 +250,11 @@ COLUMNS = (
 def table_rows(results: list[ModelResult]) -> list[tuple[str, ...]]:
     rows = []
     for r in results:
-        eager_m, inductor_m, tori_m, bare_m = (r.configs[n] for n in ("eager", "inductor", "tori", "tori-no-passes"))
+        eager_m, dynamo_m, inductor_m, tori_m, bare_m = (
+            r.configs[n] for n in ("eager", "dynamo", "inductor", "tori", "tori-no-passes"))
         rows.append((
-            r.model, _ms(eager_m.median_ms), _ms(inductor_m.median_ms) if not inductor_m.error else "error",
+            r.model, _ms(eager_m.median_ms), _ms(dynamo_m.median_ms),
+            _ms(inductor_m.median_ms) if not inductor_m.error else "error",
             _tori_ms(tori_m), _x(r.ratio("eager", "tori")), _x(r.ratio("inductor", "tori")),
             _s(inductor_m.compile_s), _s(tori_m.compile_s), tori_m.driver or "-",
             _tori_ms(bare_m), _x(r.ratio("tori-no-passes", "tori")),
@@ -283,6 +296,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated subset of: " + ", ".join(MODELS))
     parser.add_argument("--seconds", type=float, default=1.0, help="timing per model and configuration (default 1.0)")
     parser.add_argument("--json", type=Path, help="also write the results to this JSON file")
+    parser.add_argument("--no-first-calls", action="store_true",
+                        help="skip the cold and warm first calls in fresh processes (and the targets that need them)")
     args = parser.parse_args(argv)
     args.models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in args.models if m not in MODELS]
@@ -292,24 +307,85 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 @contextlib.contextmanager
-def cold_inductor_cache() -> Iterator[str]:
-    """Point inductor at an empty cache for the run (unless the user chose one): tori
-    has no compile cache, so both first-call times are then cold compiles."""
-    if "TORCHINDUCTOR_CACHE_DIR" in os.environ:
-        yield os.environ["TORCHINDUCTOR_CACHE_DIR"]
-        return
-    with tempfile.TemporaryDirectory(prefix="bench-inductor-") as empty:
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = empty
+def cold_caches() -> Iterator[str]:
+    """Point inductor and tori at empty compile caches for the run, so that both
+    first-call times are cold compiles."""
+    saved = {name: os.environ.get(name) for name in ("TORCHINDUCTOR_CACHE_DIR", "TORI_CACHE_DIR")}
+    with tempfile.TemporaryDirectory(prefix="bench-caches-") as empty:
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(empty, "inductor")
+        os.environ["TORI_CACHE_DIR"] = os.path.join(empty, "tori")
         try:
             yield "empty at start"
         finally:
-            del os.environ["TORCHINDUCTOR_CACHE_DIR"]
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+
+
+# Issue 8's targets: (name, limit); a measured figure at or below the limit meets it.
+TARGETS = {
+    "geomean tori/eager": 0.8,
+    "slowest tori/eager": 1.0,
+    "geomean tori/inductor": 0.9,
+    "tiny_linear tori/eager per call": 1.5,
+    "worst cold first call tori/inductor": 0.5,
+    "worst warm/cold first call, tori": 0.25,
+    "iree-compile runs in warm processes": 0,
+}
+
+
+def _geomean(values: list[float]) -> float | None:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def measured_targets(results: list[ModelResult], first_calls: list) -> dict[str, dict]:
+    """Each target's measured figure (None when this run could not measure it), its
+    limit, whether it is met, and the figure per model behind it."""
+    over_eager = {r.model: r.ratio("tori", "eager") for r in results if r.ratio("tori", "eager")}
+    over_inductor = {r.model: r.ratio("tori", "inductor") for r in results if r.ratio("tori", "inductor")}
+    per_model = {
+        "geomean tori/eager": over_eager,
+        "slowest tori/eager": over_eager,
+        "geomean tori/inductor": over_inductor,
+        "tiny_linear tori/eager per call": {m: v for m, v in over_eager.items() if m == "tiny_linear"},
+        "worst cold first call tori/inductor": {f.model: f.cold_tori_over_inductor for f in first_calls},
+        "worst warm/cold first call, tori": {f.model: f.tori_warm_over_cold for f in first_calls},
+        "iree-compile runs in warm processes": {f.model: f.warm_compiles for f in first_calls},
+    }
+    figures = {
+        "geomean tori/eager": _geomean(list(over_eager.values())),
+        "slowest tori/eager": max(over_eager.values(), default=None),
+        "geomean tori/inductor": _geomean(list(over_inductor.values())),
+        "tiny_linear tori/eager per call": over_eager.get("tiny_linear"),
+        "worst cold first call tori/inductor": max(per_model["worst cold first call tori/inductor"].values(),
+                                                   default=None),
+        "worst warm/cold first call, tori": max(per_model["worst warm/cold first call, tori"].values(), default=None),
+        "iree-compile runs in warm processes": sum(per_model["iree-compile runs in warm processes"].values())
+        if first_calls else None,
+    }
+    return {name: {"measured": figures[name], "limit": limit,
+                   "met": None if figures[name] is None else figures[name] <= limit, "per_model": per_model[name]}
+            for name, limit in TARGETS.items()}
+
+
+def format_targets(targets: dict[str, dict]) -> str:
+    rows = [("target", "measured", "limit", "met")]
+    for name, t in targets.items():
+        value = t["measured"]
+        shown = "-" if value is None else (str(value) if isinstance(value, int) else f"{value:.2f}")
+        rows.append((name, shown, str(t["limit"]), {True: "yes", False: "NO", None: "not measured"}[t["met"]]))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = environment()
-    with cold_inductor_cache() as inductor_cache:
+    with cold_caches() as inductor_cache:
         # Other processes on a 2-core machine distort every figure: the load is reported with them.
         load_before = os.getloadavg()[0]
         results = []
@@ -320,10 +396,22 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(format_table(results))
     print(f"\n1-minute load average: {load_before:.2f} before, {load_after:.2f} after ({os.cpu_count()} CPUs)")
+    first_calls = []
+    if not args.no_first_calls:
+        print()
+        for name in args.models:
+            print(f"first calls of {name} in fresh processes ...", flush=True)
+            first_calls.append(warm_start.measure(name))
+        print()
+        print(warm_start.report(first_calls))
+    targets = measured_targets(results, first_calls)
+    print()
+    print(format_targets(targets))
     if args.json:
         report = {**started, "load_average_1min": {"before": load_before, "after": load_after},
                   "inductor_cache": inductor_cache, "seconds_per_measurement": args.seconds,
-                  "columns": COLUMNS, "table": table_rows(results), "results": [asdict(r) for r in results]}
+                  "columns": COLUMNS, "table": table_rows(results), "results": [asdict(r) for r in results],
+                  "first_calls": [f.__dict__ for f in first_calls], "targets": targets}
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")
         print(f"wrote {args.json}")

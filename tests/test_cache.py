@@ -17,12 +17,11 @@ import pytest
 import torch
 
 import tori
-from tori.cache import REDIS_PREFIX, CorruptEntry, DiskCache, compile_key, decode_entry, encode_entry, host_cpu, read_entry
-from tori.frontend.graph_cache import ENTRY_KIND
+from tori.cache import REDIS_PREFIX, CorruptEntry, DiskCache, compile_key, decode_entry, encode_entry, host_cpu
 from tori.config import Options, from_environment
 from tori.errors import OptionsError
 from tori.targets import Target
-from tori.testing import assert_matches_eager, count_graphs
+from tori.testing import assert_matches_eager, cache_entries, count_graphs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -58,18 +57,15 @@ def run_child(cache_dir: Path, **env: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def entries(cache_dir: Path, kind: str = "modules") -> list[Path]:
-    """The cache's entries of modules, or (kind 'dynamo-graph') those naming the modules
-    of a Dynamo graph."""
-    found = sorted(cache_dir.glob("??/*.entry"))
-    return [p for p in found if (read_entry(p.stem, p.read_bytes())[1].get("kind") == ENTRY_KIND) == (kind == ENTRY_KIND)]
+def entries(cache_dir: Path) -> list[Path]:
+    return cache_entries(cache_dir)
 
 
 def test_warm_start_in_a_new_process_compiles_nothing(tmp_path):
     cold = run_child(tmp_path)
     assert cold["iree_compiles"] == 1 and cold["cache_hits"] == 0 and cold["compiled_graphs"] == 1
     assert cold["aot_traces"] == 1 and cold["graph_cache_hits"] == 0
-    assert len(entries(tmp_path)) == 1 and len(entries(tmp_path, ENTRY_KIND)) == 1
+    assert len(entries(tmp_path)) == 1 and len(cache_entries(tmp_path, graphs=True)) == 1
     warm = run_child(tmp_path)
     assert warm["iree_compiles"] == 0 and warm["cache_hits"] == 1
     assert warm["compiled_graphs"] == 1  # the graph still runs compiled

@@ -10,8 +10,8 @@ import torch
 import tori
 import tori.frontend.backend as backend
 from tori.config import Options
-from tori.frontend.graph_cache import ENTRY_KIND, graph_key
-from tori.testing import count_graphs
+from tori.frontend.graph_cache import graph_key
+from tori.testing import cache_entries, count_graphs
 
 
 @pytest.fixture(autouse=True)
@@ -65,6 +65,9 @@ def test_a_graph_compiled_before_skips_aotautograd(tmp_path, monkeypatch):
     assert warm.compiled_calls == 1
     record = tori.last_compile().graphs[0]
     assert record.from_graph_cache and record.modules_key
+    # Its record shows the stages a compile of it produced.
+    assert "func.func @main" in record.stages["tori"] and record.stages["vmfb"][:4] and "iree-compile" in \
+        record.stages["iree"]
 
 
 def test_the_key_names_shapes_dtypes_options_and_code():
@@ -125,9 +128,8 @@ def test_a_corrupted_graph_entry_is_recompiled(tmp_path, caplog):
     options = {"cache_dir": str(tmp_path)}
     model, x = _model(), torch.randn(2, 8)
     _run(model, x, options)
-    graph_entries = [p for p in tmp_path.glob("??/*.entry") if ENTRY_KIND.encode() in p.read_bytes()]
-    assert len(graph_entries) == 1
-    graph_entries[0].write_bytes(graph_entries[0].read_bytes()[:-20])
+    (entry,) = cache_entries(tmp_path, graphs=True)
+    entry.write_bytes(entry.read_bytes()[:-20])
     with count_graphs() as count, caplog.at_level(logging.WARNING, logger="tori"):
         torch.testing.assert_close(_run(model, x, options), model(x))
     assert count.cache_corrupt == 1 and count.graph_cache_hits == 0 and count.compiled_graphs == 1

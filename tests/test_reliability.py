@@ -22,11 +22,11 @@ import torch
 import tori
 from tori.cache import DiskCache, decode_entry, encode_entry
 from tori.errors import ArtifactError, CompileError, OptionsError, ToriRuntimeError
-from tori.testing import count_graphs
+from tori.testing import cache_entries, count_graphs
 
 
 def entries(cache_dir: Path) -> list[Path]:
-    return sorted(cache_dir.glob("??/*.entry"))
+    return cache_entries(cache_dir)
 
 
 def leftovers(cache_dir: Path) -> list[Path]:

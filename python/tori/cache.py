@@ -183,6 +183,7 @@ class DiskCache:
     def __init__(self, directory: Path, max_bytes: int):
         self.directory = Path(directory)
         self.max_bytes = max_bytes
+        self._undeletable: set[str] = set()  # corrupted entries this process could not delete
 
     def path(self, key: str) -> Path:
         return self.directory / key[:2] / f"{key}{ENTRY_SUFFIX}"
@@ -194,6 +195,8 @@ class DiskCache:
     def read(self, key: str) -> tuple[dict[Target, bytes], dict] | None:
         """The entry under `key` (vmfbs and metadata), None when absent or corrupted."""
         path = self.path(key)
+        if key in self._undeletable:
+            return None
         try:
             data = path.read_bytes()
         except OSError:
@@ -206,7 +209,9 @@ class DiskCache:
             try:
                 path.unlink(missing_ok=True)
             except OSError:
-                pass  # a read-only cache: the entry stays, and is detected again next time
+                # A read-only cache: the entry stays, a miss for this process from now on
+                # (and detected again by the next one).
+                self._undeletable.add(key)
             return None
         try:
             os.utime(path)
@@ -215,6 +220,7 @@ class DiskCache:
         return found
 
     def put(self, key: str, entry: bytes) -> None:
+        self._undeletable.discard(key)
         path = self.path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{key[:16]}.", suffix=".tmp")

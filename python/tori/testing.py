@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import torch
@@ -34,6 +35,21 @@ def count_graphs() -> Iterator[GraphCount]:
         yield result
     finally:
         result.delta = counters.since(before)
+
+
+def cache_entries(cache_dir: Path, graphs: bool = False) -> list[Path]:
+    """The compile cache's entries of modules in `cache_dir`, or with `graphs` those of
+    the Dynamo graph cache (frontend/graph_cache.py), which name modules."""
+    from tori.cache import CorruptEntry, read_entry
+    from tori.frontend.graph_cache import ENTRY_KIND
+
+    def kind(path: Path) -> str | None:
+        try:
+            return read_entry(path.stem, path.read_bytes())[1].get("kind")
+        except (CorruptEntry, OSError):
+            return None
+
+    return [p for p in sorted(Path(cache_dir).glob("??/*.entry")) if (kind(p) == ENTRY_KIND) == graphs]
 
 
 def _clone(value: Any) -> Any:

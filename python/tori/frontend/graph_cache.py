@@ -42,6 +42,7 @@ from tori.config import Options
 from tori.frontend.records import CompileRecord, GraphRecord
 from tori.frontend.signature import ArgKind, GraphSignature, Result
 from tori.runtime.targeted import runtime_graph
+from tori.stages import Stage
 from tori.stats import counters
 
 log = logging.getLogger("tori.graph_cache")
@@ -55,6 +56,9 @@ _RUNTIME_OPTIONS = frozenset({
 # Modules whose functions a Dynamo graph may call and still be described by its code.
 _KNOWN_MODULES = ("torch", "operator", "math", "_operator", "builtins")
 _SIMPLE = (type(None), bool, int, float, str)
+# The text stages an entry keeps, so that a served graph's record shows what a compile
+# of it shows (tori.last_compile().stages).
+_TEXT_STAGES = (Stage.ATEN, Stage.TORCH, Stage.TORI, Stage.IREE)
 
 
 def graph_key(gm: torch.fx.GraphModule, example_inputs: list[Any], options: Options) -> str | None:
@@ -133,14 +137,20 @@ def load(key: str, gm: torch.fx.GraphModule, options: Options, record: CompileRe
         signature = _signature_from_json(meta["signature"])
         static_args = frozenset(int(i) for i in meta["static_args"])
         modules_key = str(meta["modules"])
+        stages = {Stage(name): str(text) for name, text in meta["stages"].items()}
     except (KeyError, TypeError, ValueError) as error:
         log.warning("tori: graph cache entry %s is unreadable (%s); compiling", key, error)
         return None
-    vmfbs = cache.get(modules_key)
-    if vmfbs is None:
-        return None
+    modules = cache.read(modules_key)
+    if modules is None:
+        return None  # evicted or damaged: the full path compiles (and counts the miss)
+    counters.cache_hits += 1
+    vmfbs = modules[0]
     graph = GraphRecord(name=f"{record.name}_inference", kind="inference", dynamo_code=record.dynamo_code,
                         modules_key=modules_key, from_graph_cache=True)
+    for stage, text in stages.items():
+        graph.stages[stage] = text
+    graph.stages[Stage.VMFB] = vmfbs[options.target]
     graph.compiled = runtime_graph(graph.name, vmfbs, signature, options, static_args)
     record.graphs.append(graph)
     counters.graph_cache_hits += 1
@@ -151,13 +161,15 @@ def store(key: str, graph: GraphRecord, options: Options, static_args: frozenset
     """Remember that `key` compiles to `graph`'s modules, when its signature can be written."""
     cache = compile_cache(options)
     signature = getattr(graph.compiled, "signature", None)
-    if cache is None or graph.modules_key is None or not isinstance(signature, GraphSignature):
-        return
+    if cache is None or graph.modules_key is None or not isinstance(signature, GraphSignature) \
+            or not cache.local.path(graph.modules_key).exists():
+        return  # nothing to serve: no modules, or none written (a full or read-only cache)
     encoded = _signature_to_json(signature)
     if encoded is None:
         return
+    stages = {stage.value: graph.stages[stage] for stage in _TEXT_STAGES if stage in graph.stages}
     cache.put(key, {}, {"kind": ENTRY_KIND, "graph": graph.name, "modules": graph.modules_key,
-                        "signature": encoded, "static_args": sorted(static_args)})
+                        "signature": encoded, "static_args": sorted(static_args), "stages": stages})
 
 
 def _signature_to_json(signature: GraphSignature) -> dict | None:
