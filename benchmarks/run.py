@@ -37,7 +37,7 @@ from torch_mlir import ir  # noqa: E402
 
 from tori.frontend.importer import new_context  # noqa: E402
 from tori.passes.lower_dialect import lower_for_iree  # noqa: E402
-from tori.runtime.compiled_graph import TRIAL_CALLS_PER_DRIVER  # noqa: E402
+from tori.runtime.compiled_graph import SETTLED_AFTER_CALLS  # noqa: E402
 from tori.stages import Stage  # noqa: E402
 from tori.targets.dispatches import count_dispatches  # noqa: E402
 from models import MODELS  # noqa: E402
@@ -50,7 +50,7 @@ ATOL = 1e-4
 # (frequency changes, other processes) evenly over the configurations.
 ROUNDS = 10
 # Calls before timing: enough for tori's driver trials (both drivers) and caches.
-WARMUP_CALLS = 2 * TRIAL_CALLS_PER_DRIVER + 4
+WARMUP_CALLS = SETTLED_AFTER_CALLS + 4
 
 
 @dataclass
@@ -315,7 +315,8 @@ def cold_caches() -> Iterator[str]:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(empty, "inductor")
         os.environ["TORI_CACHE_DIR"] = os.path.join(empty, "tori")
         try:
-            yield "empty at start"
+            with tori.compiler.config.patch(cache_dir=os.path.join(empty, "tori")):
+                yield "empty at start"
         finally:
             for name, value in saved.items():
                 if value is None:

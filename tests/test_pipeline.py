@@ -14,7 +14,7 @@ import tori
 import tori.passes
 from torch_mlir import ir
 from tori.config import DEFAULT_PIPELINE, Fallback, Options, from_environment
-from tori.runtime.compiled_graph import TRIAL_CALLS_PER_DRIVER
+from tori.runtime.compiled_graph import SETTLED_AFTER_CALLS, TRIAL_CALLS_PER_DRIVER
 from tori.errors import CompileError, OptionsError, UnsupportedOpError
 from tori.stages import STAGES, Stage
 from tori.testing import assert_matches_eager, count_graphs
@@ -244,7 +244,14 @@ def test_driver_is_chosen_by_measurement_and_recorded():
     assert choice.driver in ("local-sync", "local-task")
     assert set(choice.fastest_us) == {"local-sync", "local-task"}
     assert choice.fastest_us[choice.driver] == min(choice.fastest_us.values())
-    assert "fastest call" in choice.reason
+    assert "fastest call of 5 timed calls" in choice.reason and not choice.final
+    # A second round after REVIEW_AFTER_CALLS calls makes the choice final, over both rounds.
+    for _ in range(SETTLED_AFTER_CALLS - (2 * TRIAL_CALLS_PER_DRIVER + 2)):
+        torch.testing.assert_close(compiled(x), x * 2 + 1)
+    final = tori.last_compile().forward.compiled.driver_choice
+    assert final.final and "fastest call of 10 timed calls" in final.reason
+    assert final.fastest_us[final.driver] == min(final.fastest_us.values())
+    assert all(final.fastest_us[d] <= choice.fastest_us[d] for d in final.fastest_us)
 
 
 def test_driver_option_pins_the_driver():

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import tori
-from tori.runtime.compiled_graph import TRIAL_CALLS_PER_DRIVER
+from tori.runtime.compiled_graph import SETTLED_AFTER_CALLS
 from tori.stages import Stage
 from tori.testing import count_graphs
 
@@ -121,7 +121,7 @@ def drivers(records: list[tori.CompileRecord]) -> str:
 
 def median_ms(fns: dict[str, Callable], inputs: tuple) -> dict[str, float]:
     for fn in fns.values():
-        for _ in range(2 * TRIAL_CALLS_PER_DRIVER + 4):  # warm-up, and tori's choice of IREE driver
+        for _ in range(SETTLED_AFTER_CALLS + 4):  # warm-up, and tori's choice of IREE driver
             fn(*inputs)
     samples: dict[str, list[float]] = {name: [] for name in fns}
     deadline_per_round = TIMING_SECONDS / ROUNDS

@@ -35,6 +35,13 @@ _IREE_HEAP_ALIGNMENT = 64  # bytes; IREE refuses to import host memory aligned l
 # alternately; the first of each is a warm-up and is not counted. The fastest call
 # of each driver decides: on a shared machine the slow calls measure the neighbours.
 TRIAL_CALLS_PER_DRIVER = 6
+# Calls on the driver chosen first before the drivers are timed once more; the fastest
+# call over both rounds then decides for good. A first round disturbed by a neighbour
+# or by the compile that just ended (inductor's compile workers, iree-compile) is
+# corrected by the second.
+REVIEW_AFTER_CALLS = 100
+# Calls after which the driver choice is final.
+SETTLED_AFTER_CALLS = 2 * TRIAL_CALLS_PER_DRIVER + REVIEW_AFTER_CALLS + 2 * TRIAL_CALLS_PER_DRIVER
 
 
 @dataclass
@@ -42,6 +49,7 @@ class DriverChoice:
     driver: str
     reason: str
     fastest_us: dict[str, float] = field(default_factory=dict)
+    final: bool = True  # False between the first round of timed calls and the review
 
 
 class CompiledGraph:
@@ -80,6 +88,7 @@ class CompiledGraph:
             self._trials = [d for _ in range(TRIAL_CALLS_PER_DRIVER) for d in drivers]
             self._timings: dict[str, list[float]] = {d: [] for d in drivers}
             self._trial_lock = threading.Lock()
+            self._until_review = REVIEW_AFTER_CALLS
             self._call = self._call_measuring
 
     @property
@@ -104,7 +113,7 @@ class CompiledGraph:
         # Trials run one at a time, so that threads calling the same graph neither
         # race for the trial list nor time each other's calls.
         with self._trial_lock:
-            if self.driver_choice is not None:  # another thread settled it meanwhile
+            if not self._trials:  # another thread settled a round meanwhile
                 return self._call(args)
             counters.compiled_calls += 1
             driver = self._trials.pop(0)
@@ -115,16 +124,32 @@ class CompiledGraph:
                 self._settle()
             return outputs
 
+    def _call_until_review(self, args):
+        self._until_review -= 1
+        if self._until_review <= 0:
+            with self._trial_lock:
+                if self._call == self._call_until_review:
+                    self._trials = [d for _ in range(TRIAL_CALLS_PER_DRIVER) for d in self._modules]
+                    self._call = self._call_measuring
+        return self._call_active(args)
+
     def _settle(self) -> None:
-        fastest = {d: min(t[1:]) * 1e6 for d, t in self._timings.items()}
+        # The first call of each driver in each round warms it up and is not counted.
+        per_round = TRIAL_CALLS_PER_DRIVER
+        fastest = {d: min(t[i] for i in range(len(t)) if i % per_round) * 1e6 for d, t in self._timings.items()}
         best = min(fastest, key=fastest.get)
+        final = self.driver_choice is not None
+        rounds = 2 if final else 1
         timings = ", ".join(f"{d} {us:.1f} us" for d, us in sorted(fastest.items()))
-        reason = f"fastest call of {TRIAL_CALLS_PER_DRIVER - 1} timed calls each: {timings}"
-        self.driver_choice = DriverChoice(best, reason, fastest)
+        reason = f"fastest call of {rounds * (per_round - 1)} timed calls each: {timings}"
+        self.driver_choice = DriverChoice(best, reason, fastest, final)
         self._active = self._modules[best]
-        self._modules = {best: self._active}
-        self._call = self._call_active
-        del self._trials, self._timings
+        if final:
+            self._modules = {best: self._active}
+            self._call = self._call_active
+            del self._trials, self._timings
+        else:
+            self._call = self._call_until_review
 
     def _static_buffer(self, i: int, value: torch.Tensor, device):
         # A parameter is the same tensor call after call: its imported buffer is reused

@@ -18,8 +18,9 @@ itself), so tori's and PyTorch's decompositions of these ops still apply after t
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
-from typing import Callable, NamedTuple
+from typing import Callable, Iterator, NamedTuple
 
 import torch
 
@@ -60,6 +61,17 @@ _ALONG: dict[torch._ops.OpOverload, Along] = {
 # Set while a checked op is traced after its check: the op's own call inside the
 # wrapper (and what its decomposition calls) is not checked again.
 _CHECKED = contextvars.ContextVar("tori_bounds_checked", default=False)
+
+
+@contextlib.contextmanager
+def unchecked() -> Iterator[None]:
+    """Trace without bounds checks: for indices a decomposition builds in range itself
+    (a check would also keep them alive when their result goes unused)."""
+    token = _CHECKED.set(True)
+    try:
+        yield
+    finally:
+        _CHECKED.reset(token)
 
 
 def _checked_index(op, index, dim: int, size, negative: bool, index_error: bool):
