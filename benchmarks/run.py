@@ -1,4 +1,4 @@
-"""Eager vs inductor vs tori on the benchmark models, and issue 8's targets.
+"""Eager vs inductor vs tori on the benchmark models, and the performance targets.
 
 For each model: compile with each backend (the first call's time is the compile
 time), check the output against eager, check that tori really ran compiled,
@@ -325,7 +325,7 @@ def cold_caches() -> Iterator[str]:
                     os.environ[name] = value
 
 
-# Issue 8's targets: (name, limit); a measured figure at or below the limit meets it.
+# The performance targets: (name, limit); a measured figure at or below the limit meets it.
 TARGETS = {
     "geomean tori/eager": 0.8,
     "slowest tori/eager": 1.0,
