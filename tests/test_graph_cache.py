@@ -9,6 +9,7 @@ import torch
 
 import tori
 import tori.frontend.backend as backend
+from tori.frontend import graph_cache
 from tori.config import Options
 from tori.frontend.graph_cache import graph_key
 from tori.testing import cache_entries, count_graphs
@@ -134,3 +135,18 @@ def test_a_corrupted_graph_entry_is_recompiled(tmp_path, caplog):
         torch.testing.assert_close(_run(model, x, options), model(x))
     assert count.cache_corrupt == 1 and count.graph_cache_hits == 0 and count.compiled_graphs == 1
     assert "corrupted" in caplog.text
+
+
+def test_a_failing_lookup_costs_a_compile_not_the_call(tmp_path, monkeypatch, caplog):
+    options = {"cache_dir": str(tmp_path)}
+    model, x = _model(), torch.randn(2, 8)
+    _run(model, x, options)
+
+    def broken(*_):
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(graph_cache, "load", broken)
+    with count_graphs() as count, caplog.at_level(logging.WARNING, logger="tori"):
+        torch.testing.assert_close(_run(model, x, options), model(x))
+    assert count.compiled_graphs == 1 and count.graph_cache_hits == 0 and count.fallback_graphs == 0
+    assert "graph cache could not serve" in caplog.text

@@ -51,12 +51,10 @@ def tori_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], options: d
     record = new_record(opts)
     record.dynamo_code = gm.code
     rewrite_tensor_start_narrows(gm)
-    key = graph_cache.graph_key(gm, example_inputs, opts)
-    if key is not None:
-        served = graph_cache.load(key, gm, opts, record)
-        if served is not None:
-            counters.compiled_graphs += 1
-            return _unboxed(_boxed(served, gm, opts, record.graphs[-1].name), ())
+    key, served = graph_cache.lookup(gm, example_inputs, opts, record)
+    if served is not None:
+        counters.compiled_graphs += 1
+        return _unboxed(_boxed(served, gm, opts, record.graphs[-1].name), ())
     constants = _dynamo_constants(gm)
     plain = _PlainInference()
     compilers = {kind: _aot_compiler(record, kind, constants, plain) for kind in ("forward", "backward", "inference")}

@@ -126,6 +126,22 @@ def _describe_inputs(example_inputs: list[Any]) -> list | None:
 
 # --- entries ------------------------------------------------------------------
 
+def lookup(gm: torch.fx.GraphModule, example_inputs: list[Any], options: Options,
+           record: CompileRecord) -> tuple[str | None, Callable | None]:
+    """The graph's key (None when not servable) and, on a hit, its compiled graph.
+
+    Never raises: a cache that cannot serve costs a compile, never the call."""
+    key = None
+    try:
+        key = graph_key(gm, example_inputs, options)
+        return key, (load(key, gm, options, record) if key is not None else None)
+    except Exception as error:  # noqa: BLE001 - anything unexpected: compile as without the cache
+        log.warning("tori: the graph cache could not serve %s (%s: %s); compiling", record.name,
+                    type(error).__name__, error)
+        del record.graphs[:]
+        return key, None
+
+
 def load(key: str, gm: torch.fx.GraphModule, options: Options, record: CompileRecord) -> Callable | None:
     """The compiled graph of `key`, ready to be called with Dynamo's inputs; None on a miss."""
     cache = compile_cache(options)
@@ -144,7 +160,6 @@ def load(key: str, gm: torch.fx.GraphModule, options: Options, record: CompileRe
     modules = cache.read(modules_key)
     if modules is None:
         return None  # evicted or damaged: the full path compiles (and counts the miss)
-    counters.cache_hits += 1
     vmfbs = modules[0]
     graph = GraphRecord(name=f"{record.name}_inference", kind="inference", dynamo_code=record.dynamo_code,
                         modules_key=modules_key, from_graph_cache=True)
@@ -153,12 +168,22 @@ def load(key: str, gm: torch.fx.GraphModule, options: Options, record: CompileRe
     graph.stages[Stage.VMFB] = vmfbs[options.target]
     graph.compiled = runtime_graph(graph.name, vmfbs, signature, options, static_args)
     record.graphs.append(graph)
+    counters.cache_hits += 1
     counters.graph_cache_hits += 1
     return graph.compiled
 
 
 def store(key: str, graph: GraphRecord, options: Options, static_args: frozenset[int]) -> None:
-    """Remember that `key` compiles to `graph`'s modules, when its signature can be written."""
+    """Remember that `key` compiles to `graph`'s modules, when its signature can be written;
+    never raises (a failed write costs the next process AOTAutograd, nothing more)."""
+    try:
+        _store(key, graph, options, static_args)
+    except Exception as error:  # noqa: BLE001
+        log.warning("tori: could not write the graph cache entry of %s (%s: %s)", graph.name,
+                    type(error).__name__, error)
+
+
+def _store(key: str, graph: GraphRecord, options: Options, static_args: frozenset[int]) -> None:
     cache = compile_cache(options)
     signature = getattr(graph.compiled, "signature", None)
     if cache is None or graph.modules_key is None or not isinstance(signature, GraphSignature) \
