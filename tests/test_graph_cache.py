@@ -103,7 +103,7 @@ def _table():
     return torch.arange(4.0)
 
 
-@pytest.mark.parametrize("case", ["grad", "allow_in_graph", "assume_constant_result", "dumps", "variants",
+@pytest.mark.parametrize("case", ["grad", "allow_in_graph", "assume_constant_result", "dumps", "dynamic",
                                   "cache off"])
 def test_graphs_it_cannot_describe_have_no_key(case, tmp_path):
     x = torch.randn(3, 4)
@@ -116,8 +116,8 @@ def test_graphs_it_cannot_describe_have_no_key(case, tmp_path):
         fn = lambda x: x * _table()  # noqa: E731
     elif case == "dumps":
         options = options.replace(dump_dir=tmp_path)
-    elif case == "variants":
-        options = options.replace(specialize_shapes=2)
+    elif case == "dynamic":
+        torch._dynamo.mark_dynamic(x, 0)
     else:
         options = options.replace(cache=False)
     captured = _captured(fn, x, grad=grad)

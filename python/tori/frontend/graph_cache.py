@@ -20,8 +20,8 @@ its dependencies. Only graphs that this describes completely are served:
   submodules (higher-order ops): the code is all there is;
 - only torch's own functions and operators: a user's function allowed in the graph
   (`allow_in_graph`) could change without changing the graph's code;
-- compiled whole, without shape variants, partitions or inspection (dumps and
-  reports want every stage, which only a compile produces).
+- compiled whole, without partitions or inspection (dumps and reports want every
+  stage, which only a compile produces).
 """
 
 from __future__ import annotations
@@ -82,8 +82,9 @@ def graph_key(gm: torch.fx.GraphModule, example_inputs: list[Any], options: Opti
 
 
 def _eligible_options(options: Options) -> bool:
-    return (options.cache and options.specialize_shapes <= 0 and options.dump_dir is None
-            and options.report is None and not options.dump_iree_phases)
+    # Shape variants (specialize_shapes) need no exclusion: a servable graph has static
+    # shapes, which tori never specializes.
+    return options.cache and options.dump_dir is None and options.report is None and not options.dump_iree_phases
 
 
 def _eligible_state() -> bool:
