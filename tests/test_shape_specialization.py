@@ -69,28 +69,21 @@ def test_variants_are_bounded_per_graph():
     assert [v.sizes[0] for v in tori.last_compile().forward.variants] == [(2, 5)]
 
 
-def test_on_by_default():
+@pytest.mark.parametrize("options, variants", [
+    ({}, [((3, 5), (5, 7))]),  # on by default: 4 variants, each after a size's 3rd call
+    ({"specialize_shapes": 0}, []),
+    ({"specialize_shapes": 0, "specialize_after": 1}, []),
+])
+def test_on_by_default_and_off_when_zero(options, variants):
     assert (Options().specialize_shapes, Options().specialize_after) == (4, 3)
-    compiled = _compile(_softmax_rows)
+    compiled = _compile(_softmax_rows, **options)
     w = torch.randn(5, 7)
     with count_graphs() as count:
         for rows in (3, 3, 3, 3, 6):
             x = torch.randn(rows, 5)
             torch.testing.assert_close(compiled(x, w), _softmax_rows(x, w))
-    assert count.compiled_graphs == 1 and count.shape_variants == 1 and count.compiled_calls == 5
-    assert [v.sizes for v in tori.last_compile().forward.variants] == [((3, 5), (5, 7))]
-
-
-def test_off_when_zero():
-    for options in ({"specialize_shapes": 0}, {"specialize_shapes": 0, "specialize_after": 1}):
-        compiled = _compile(_softmax_rows, **options)
-        w = torch.randn(5, 7)
-        with count_graphs() as count:
-            for rows in (3, 3, 3, 3, 6):
-                x = torch.randn(rows, 5)
-                torch.testing.assert_close(compiled(x, w), _softmax_rows(x, w))
-        assert count.compiled_graphs == 1 and count.shape_variants == 0 and count.compiled_calls == 5
-        assert tori.last_compile().forward.variants == []
+    assert count.compiled_graphs == 1 and count.shape_variants == len(variants) and count.compiled_calls == 5
+    assert [v.sizes for v in tori.last_compile().forward.variants] == variants
 
 
 def test_static_graphs_are_left_alone():
