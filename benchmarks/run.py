@@ -264,10 +264,7 @@ def table_rows(results: list[ModelResult]) -> list[tuple[str, ...]]:
 
 
 def format_table(results: list[ModelResult]) -> str:
-    rows = [COLUMNS, *table_rows(results)]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
+    lines = [warm_start.format_rows(COLUMNS, table_rows(results))]
     problems = [
         f"  {r.model} / {name}: {m.error or m.fallback}"
         for r in results for name, m in r.configs.items() if m.error or m.fallback
@@ -372,15 +369,12 @@ def measured_targets(results: list[ModelResult], first_calls: list) -> dict[str,
 
 
 def format_targets(targets: dict[str, dict]) -> str:
-    rows = [("target", "measured", "limit", "met")]
+    rows = []
     for name, t in targets.items():
         value = t["measured"]
         shown = "-" if value is None else (str(value) if isinstance(value, int) else f"{value:.2f}")
         rows.append((name, shown, str(t["limit"]), {True: "yes", False: "NO", None: "not measured"}[t["met"]]))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+    return warm_start.format_rows(("target", "measured", "limit", "met"), rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,8 +30,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import operator
-import math
 from typing import Any, Callable
 
 import torch
@@ -53,7 +51,8 @@ _RUNTIME_OPTIONS = frozenset({
     "fallback", "partition", "driver", "repro_dir", "compile_timeout_s", "specialize_after",
     "cache", "cache_dir", "cache_max_bytes", "cache_url",
 })
-# Modules whose functions a Dynamo graph may call and still be described by its code.
+# Modules whose functions a Dynamo graph may call and still be described by its code
+# (`operator`'s functions report `_operator`).
 _KNOWN_MODULES = ("torch", "operator", "math", "_operator", "builtins")
 _SIMPLE = (type(None), bool, int, float, str)
 # The text stages an entry keeps, so that a served graph's record shows what a compile
@@ -106,8 +105,6 @@ def _eligible_graph(gm: torch.fx.GraphModule) -> bool:
 def _known_function(target: Any) -> bool:
     if isinstance(target, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
         return True
-    if target in vars(operator).values() or target in vars(math).values():
-        return True
     module = getattr(target, "__module__", None) or ""
     return module.split(".")[0] in _KNOWN_MODULES
 
@@ -135,7 +132,7 @@ def lookup(gm: torch.fx.GraphModule, example_inputs: list[Any], options: Options
     key = None
     try:
         key = graph_key(gm, example_inputs, options)
-        return key, (load(key, gm, options, record) if key is not None else None)
+        return key, (load(key, options, record) if key is not None else None)
     except Exception as error:  # noqa: BLE001 - anything unexpected: compile as without the cache
         log.warning("tori: the graph cache could not serve %s (%s: %s); compiling", record.name,
                     type(error).__name__, error)
@@ -143,7 +140,7 @@ def lookup(gm: torch.fx.GraphModule, example_inputs: list[Any], options: Options
         return key, None
 
 
-def load(key: str, gm: torch.fx.GraphModule, options: Options, record: CompileRecord) -> Callable | None:
+def load(key: str, options: Options, record: CompileRecord) -> Callable | None:
     """The compiled graph of `key`, ready to be called with Dynamo's inputs; None on a miss."""
     cache = compile_cache(options)
     found = cache.read(key) if cache is not None else None

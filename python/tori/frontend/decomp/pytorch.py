@@ -47,8 +47,7 @@ def _max_pool_with_indices(op, x, kernel_size, stride=(), padding=0, dilation=1,
         return value * spatial if len(value) == 1 else value
 
     kernel = each(kernel_size, 1)
-    steps = each(stride, None)
-    steps = [k if s is None else s for k, s in zip(kernel, steps)] if None in steps else steps
+    steps = [k if s is None else s for k, s in zip(kernel, each(stride, None))]  # no stride: the kernel's
     pads, dilations = each(padding, 0), each(dilation, 1)
     exact = not ceil_mode and all(
         isinstance(n, int) and (n + 2 * p - d * (k - 1) - 1) % s == 0
