@@ -35,6 +35,11 @@ class Driver(str, enum.Enum):
     LOCAL_TASK = "local-task"
 
 
+class Codegen(str, enum.Enum):
+    AUTO = "auto"  # code generation chosen per graph from the op families it holds (targets/codegen.py)
+    NONE = "none"  # IREE's default lowering for every graph
+
+
 def _enum_value(enum_cls: type[enum.Enum], what: str, value: Any) -> enum.Enum:
     if isinstance(value, enum_cls):
         return value
@@ -68,6 +73,10 @@ class Options:
     driver: Driver = Driver.AUTO
     # LLVM CPU name for llvm-cpu; "host" is resolved to the actual CPU of this machine.
     cpu: str = "host"
+    # How code is generated for the op families of a graph (convolutions, matmuls):
+    # "auto" picks IREE flags per graph and target from the table in targets/codegen.py;
+    # "none" keeps IREE's defaults. Flags named in iree_flags take precedence.
+    codegen: Codegen = Codegen.AUTO
     # Extra flags appended to every iree-compile invocation.
     iree_flags: tuple[str, ...] = ()
     # tori pass pipeline applied at the `tori` stage (comma-separated pass names; "" runs none).
@@ -156,6 +165,8 @@ def _coerce(name: str, value: Any) -> Any:
         return _enum_value(Fallback, "fallback", value)
     if name == "driver":
         return _enum_value(Driver, "driver", value)
+    if name == "codegen":
+        return _enum_value(Codegen, "codegen", value)
     if name in ("repro_dir", "dump_dir", "report"):
         return None if value is None else Path(value)
     if name == "cache_dir":
@@ -227,6 +238,7 @@ ENVIRONMENT = {
     "TORI_RUNTIME_CHECKS": "runtime_checks",
     "TORI_DRIVER": "driver",
     "TORI_CPU": "cpu",
+    "TORI_CODEGEN": "codegen",
     "TORI_IREE_FLAGS": "iree_flags",
     "TORI_PIPELINE": "pipeline",
     "TORI_REPRO_DIR": "repro_dir",

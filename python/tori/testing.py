@@ -96,3 +96,32 @@ def assert_same_training_state(model: torch.nn.Module, eager: torch.nn.Module, *
         torch.testing.assert_close(param, expected, rtol=rtol, atol=atol, msg=lambda m: f"{name}: {m}")
     for (name, buffer), expected in zip(model.named_buffers(), eager.buffers()):
         torch.testing.assert_close(buffer, expected, rtol=rtol, atol=atol, msg=lambda m: f"buffer {name}: {m}")
+
+
+_TORCHVISION_SCHEMAS = (
+    "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
+    "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
+)
+_torchvision_library = None
+
+
+def import_timm():
+    """Import timm on a CPU build of torch.
+
+    timm imports torchvision, and PyPI's torchvision 0.28.0 (the release for torch
+    2.13) is a CUDA build: its extension does not load against CPU torch, and its
+    import then fails registering fake kernels for `torchvision::nms` and `qnms`,
+    whose schemas the extension would have defined. Defining the two schemas first
+    lets its Python side import; no timm classification model calls either op.
+    """
+    global _torchvision_library
+    if _torchvision_library is None:
+        try:
+            torch._C._dispatch_find_schema_or_throw("torchvision::nms", "")
+        except RuntimeError:  # no extension defined it: define the schemas the Python side expects
+            _torchvision_library = torch.library.Library("torchvision", "DEF")
+            for schema in _TORCHVISION_SCHEMAS:
+                _torchvision_library.define(schema)
+    import timm
+
+    return timm

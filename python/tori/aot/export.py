@@ -39,7 +39,7 @@ from tori.passes import run_pipeline
 from tori.passes.lower_dialect import lower_for_iree
 from tori.runtime import artifact as fmt
 from tori.stages import Stage
-from tori.targets import Target, spec
+from tori.targets import Target, codegen, spec
 from tori.targets.build import check_compiled_in, invocation
 from tori.targets.iree_compile import run_iree_compile
 from tori.aot.parameters import ExternalParameters, dtype_name
@@ -116,10 +116,12 @@ def export(model: Any, args: tuple | None = None, kwargs: Mapping[str, Any] | No
     importer = new_importer(hooks)
     specs: dict[str, dict] = {}
     symbols: dict[str, dict] = {}
+    graphs = []
     for entry, found in traced.items():
         program = found.program.run_decompositions(decomposition_table())
         check_functional(program, name=entry)  # in-place updates show once decomposed
         gm = _stateless(program, found, hooks)
+        graphs.append(gm)
         _, signature = import_graph(gm, graph_name=entry, importer=importer, func_name=_function_name(entry))
         specs[entry] = _entry_spec(entry, program, found, entries[entry], symbols)
         if ArgKind.SEED in signature.args:
@@ -131,7 +133,7 @@ def export(model: Any, args: tuple | None = None, kwargs: Mapping[str, Any] | No
     lower_for_iree(module, graph=name)
     # Text when IREE's own ops are in it (parameters): their attributes parse only in IREE's context.
     source = str(module).encode() if hooks is not None else to_bytecode(module)
-    vmfbs = _compile(source, opts, target_list, name)
+    vmfbs = _compile(source, opts, target_list, name, codegen.choose(graphs, opts, target_list))
     return _write(output_dir, name=name, opts=opts, vmfbs=vmfbs, specs=specs, symbols=symbols, traced=traced,
                   entries=entries, parameters=hooks.tensors if hooks is not None else None, examples=examples,
                   c_embed=c_embed)
@@ -269,9 +271,10 @@ def _entry_spec(entry: str, program: torch.export.ExportedProgram, found: Traced
             "inputs": inputs, "outputs": outputs}
 
 
-def _compile(source: bytes, opts: Options, targets: tuple[Target, ...], name: str) -> dict[Target, tuple[bytes, list[str]]]:
+def _compile(source: bytes, opts: Options, targets: tuple[Target, ...], name: str,
+             strategy: codegen.Strategy) -> dict[Target, tuple[bytes, list[str]]]:
     """Each target's vmfb and iree-compile flags, compiled side by side."""
-    invocations = {t: invocation(opts, t) for t in targets}
+    invocations = {t: invocation(opts, t, codegen=strategy) for t in targets}
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(targets), os.cpu_count() or 1)) as pool:
         futures = {t: pool.submit(run_iree_compile, source, inv, graph=f"{name}-{t.value}",
                                   timeout_s=opts.compile_timeout_s) for t, inv in invocations.items()}

@@ -23,8 +23,9 @@ from tori.passes.lower_dialect import lower_for_iree
 from tori.runtime.compiled_graph import CompiledGraph
 from tori.runtime.targeted import runtime_graph
 from tori.stages import Stage
-from tori.targets.build import OtherTargets, target_arch
-from tori.targets.iree_compile import IreeInvocation, compile_flags, run_iree_compile
+from tori.targets import codegen
+from tori.targets.build import OtherTargets, compiled_targets, invocation as build_invocation
+from tori.targets.iree_compile import run_iree_compile
 from tori.tools.dump import after_compile, current_guards, iree_dump_flags
 
 log = logging.getLogger("tori.compile")
@@ -55,11 +56,11 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
             record.stages[Stage.TORI] = record.stages[Stage.TORCH]
         # IREE's phase dumps come from compiling, so asking for them bypasses the cache.
         cache = None if options.dump_iree_phases else compile_cache(options)
-        key = compile_key(record.stages[Stage.TORI], options) if cache is not None else None
+        record.codegen = codegen.choose(gm, options, compiled_targets(options))
+        key = compile_key(record.stages[Stage.TORI], options, record.codegen) if cache is not None else None
         vmfbs = cache.get(key) if cache is not None else None
         record.modules_key = key
-        invocation = IreeInvocation(tuple(compile_flags(options.target, target_arch(options, options.target),
-                                                        options.iree_flags + iree_dump_flags(record, options))))
+        invocation = build_invocation(options, options.target, iree_dump_flags(record, options), record.codegen)
         record.stages[Stage.IREE] = invocation.shell_command(f"{record.name}.mlirbc", f"{record.name}.vmfb")
         if vmfbs is None or inspecting:
             lower_for_iree(module, graph=record.name)
@@ -67,7 +68,7 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
             record.iree_input = str(module)
         if vmfbs is None:
             bytecode = to_bytecode(module)
-            others = OtherTargets(bytecode, options, record.name, record.stages[Stage.TORI])  # compiling meanwhile
+            others = OtherTargets(bytecode, options, record.name, record.stages[Stage.TORI], record.codegen)  # meanwhile
             vmfb = run_iree_compile(bytecode, invocation, graph=record.name, timeout_s=options.compile_timeout_s)
             vmfbs = {options.target: vmfb, **others.result()}
             if cache is not None:

@@ -42,6 +42,8 @@ class GraphRecord:
     modules_key: str | None = None
     # Served from the compile cache before AOTAutograd traced it (frontend/graph_cache.py).
     from_graph_cache: bool = False
+    # The code generation chosen for the graph's op families (tori.targets.codegen.Strategy).
+    codegen: object | None = None
 
     @property
     def fell_back(self) -> bool:

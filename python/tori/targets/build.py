@@ -11,6 +11,7 @@ import re
 from tori.config import Options
 from tori.errors import CompileError, OptionsError
 from tori.targets import SPECS, Target, spec
+from tori.targets.codegen import Strategy
 from tori.targets.iree_compile import IreeInvocation, compile_flags, compiled_in_backends, run_iree_compile
 
 
@@ -65,18 +66,21 @@ def check_element_types(ir: str, options: Options, graph: str) -> None:
                                f"none for them)", stage="iree", graph=graph)
 
 
-def invocation(options: Options, target: Target, extra: tuple[str, ...] = ()) -> IreeInvocation:
-    return IreeInvocation(tuple(compile_flags(target, target_arch(options, target), options.iree_flags + extra)))
+def invocation(options: Options, target: Target, extra: tuple[str, ...] = (),
+               codegen: Strategy | None = None) -> IreeInvocation:
+    """iree-compile for `target`: its flags, the code generation strategy's, the user's, then `extra`."""
+    chosen = codegen.flags_for(target) if codegen is not None else ()
+    return IreeInvocation(tuple(compile_flags(target, target_arch(options, target), chosen + options.iree_flags + extra)))
 
 
 class OtherTargets:
     """The compiles of every target but the first, started at once in the background."""
 
-    def __init__(self, bytecode: bytes, options: Options, graph: str, ir: str = ""):
+    def __init__(self, bytecode: bytes, options: Options, graph: str, ir: str = "", codegen: Strategy | None = None):
         targets = compiled_targets(options)
         check_compiled_in(targets)
         check_element_types(ir, options, graph)
-        self.invocations = {t: invocation(options, t) for t in targets[1:]}
+        self.invocations = {t: invocation(options, t, codegen=codegen) for t in targets[1:]}
         self._pool = None
         self._futures: dict[Target, concurrent.futures.Future] = {}
         if self.invocations:

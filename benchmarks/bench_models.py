@@ -1,0 +1,218 @@
+"""Eager vs inductor vs tori on real architectures (benchmarks/real_models.py),
+one fresh process per model and batch size, with empty compile caches: the first
+call's time is a cold compile, then the three are timed in interleaved rounds.
+
+    python benchmarks/bench_models.py [--models resnet18,bert] [--batches 1,8] [--json PATH]
+                                      [--tori-options JSON] [--no-inductor] [--seconds S]
+
+Prints per model the medians, the ratios eager/tori and inductor/tori (above 1:
+tori is faster), the geomean and the worst case, and static-cache decoding
+(ms per token) for a Llama configuration.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+RTOL = 2e-3  # random-weight logits of deep networks; compiled kernels reorder float sums
+ATOL = 2e-3
+ROUNDS = 8
+WARMUP_CALLS = 40  # tori's driver trials and the review after 100 calls: see WARMUP_SECONDS
+WARMUP_SECONDS = 2.0
+
+
+def _time_calls(fn, args, seconds: float) -> list[float]:
+    times = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end or len(times) < 3:
+        start = time.perf_counter()
+        fn(*args)
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def measure_one(name: str, batch: int, seconds: float, tori_options: dict, inductor: bool) -> dict:
+    """In this process: compile and time one model at one batch size."""
+    import torch
+
+    import tori
+    from real_models import REAL_MODELS
+
+    torch.set_grad_enabled(False)
+    model = REAL_MODELS[name].build()
+    args = REAL_MODELS[name].inputs(batch)
+    expected = model(*args)
+    configs = {"eager": model}
+    first_call_s = {}
+    if inductor:
+        configs["inductor"] = torch.compile(model)
+    before = tori.counters.snapshot()
+    configs["tori"] = torch.compile(model, backend="tori", options={"fallback": "error", **tori_options})
+    for config, fn in configs.items():
+        if config == "eager":
+            continue
+        start = time.perf_counter()
+        actual = fn(*args)
+        first_call_s[config] = time.perf_counter() - start
+        torch.testing.assert_close(actual, expected, rtol=RTOL, atol=ATOL, msg=lambda m: f"{config} differs: {m}")
+    delta = tori.counters.since(before)
+    strategies = sorted({str(g.codegen) for r in tori.compile_records() for g in r.graphs if g.codegen is not None})
+    for fn in configs.values():  # warm-up, tori's driver choice included
+        for _ in range(WARMUP_CALLS):
+            fn(*args)
+        _time_calls(fn, args, WARMUP_SECONDS / len(configs))
+    times: dict[str, list[float]] = {c: [] for c in configs}
+    for _ in range(ROUNDS):
+        for config, fn in configs.items():
+            times[config] += _time_calls(fn, args, seconds / ROUNDS)
+    after = tori.counters.since(before)
+    if after.fallback_calls or after.fallback_graphs or not after.compiled_graphs:
+        raise RuntimeError(f"tori did not run every call compiled: {after}")
+    medians = {c: statistics.median(t) * 1e3 for c, t in times.items()}
+    return {"model": name, "batch": batch, "median_ms": medians, "first_call_s": first_call_s,
+            "graphs": delta.compiled_graphs, "codegen": strategies,
+            "speedup_vs_eager": medians["eager"] / medians["tori"],
+            "speedup_vs_inductor": medians["inductor"] / medians["tori"] if inductor else None}
+
+
+def measure_decode(seconds: float, tori_options: dict, inductor: bool, new_tokens: int = 32) -> dict:
+    """transformers' generate() with a static KV cache and the forward compiled: ms per token."""
+    import torch
+    import transformers
+
+    import tori
+    from real_models import llama_config
+
+    torch.set_grad_enabled(False)
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(llama_config()).eval()
+    prompt = torch.randint(0, 1000, (1, 16), generator=torch.Generator().manual_seed(1))
+    settings = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
+                    cache_implementation="static", pad_token_id=0)
+    eager_forward = model.forward
+    backends = {"eager": None, **({"inductor": {}} if inductor else {}),
+                "tori": {"backend": "tori", "options": {"fallback": "error", **tori_options}}}
+    per_token, tokens, first_s = {}, {}, {}
+    for config, compile_args in backends.items():
+        torch._dynamo.reset()
+        model.forward = eager_forward if compile_args is None else torch.compile(eager_forward, **compile_args)
+        start = time.perf_counter()
+        tokens[config] = model.generate(prompt, **settings)
+        first_s[config] = time.perf_counter() - start
+        runs = []
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end or len(runs) < 3:
+            start = time.perf_counter()
+            model.generate(prompt, **settings)
+            runs.append((time.perf_counter() - start) / new_tokens * 1e3)
+        per_token[config] = statistics.median(runs)
+    model.forward = eager_forward
+    identical = all(torch.equal(tokens["eager"], t) for t in tokens.values())
+    if not identical:
+        raise RuntimeError("decoded tokens differ from eager's")
+    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    return {"model": "llama_decode", "batch": 1, "median_ms": per_token, "first_call_s": first_s,
+            "tokens_identical": identical, "weights_mb": weights / 1e6,
+            "gb_per_s_tori": weights / (per_token["tori"] * 1e-3) / 1e9,
+            "speedup_vs_eager": per_token["eager"] / per_token["tori"],
+            "speedup_vs_inductor": per_token["inductor"] / per_token["tori"] if inductor else None}
+
+
+def _child(name: str, batch: int, args: argparse.Namespace) -> dict:
+    """One model in a fresh process with empty tori and inductor caches."""
+    with tempfile.TemporaryDirectory(prefix="tori-bench-models-") as caches:
+        env = {**os.environ, "TORI_CACHE_DIR": f"{caches}/tori", "TORCHINDUCTOR_CACHE_DIR": f"{caches}/inductor"}
+        command = [sys.executable, __file__, "--one", name, "--batches", str(batch), "--seconds", str(args.seconds),
+                   "--tori-options", args.tori_options] + (["--no-inductor"] if args.no_inductor else [])
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=args.timeout)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"model": name, "batch": batch, "error": tail[:300]}
+    return json.loads(lines[-1])
+
+
+def geomean(values: list[float]) -> float | None:
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def summarize(results: list[dict]) -> dict:
+    inference = [r for r in results if "error" not in r and r["model"] != "llama_decode"]
+    eager = [r["speedup_vs_eager"] for r in inference]
+    inductor = [r["speedup_vs_inductor"] for r in inference if r.get("speedup_vs_inductor")]
+    worst = min(inference, key=lambda r: r["speedup_vs_eager"], default=None)
+    firsts = [r["first_call_s"]["tori"] for r in inference]
+    firsts_inductor = [r["first_call_s"]["inductor"] for r in inference if "inductor" in r["first_call_s"]]
+    return {"geomean_speedup_vs_eager": geomean(eager), "geomean_speedup_vs_inductor": geomean(inductor),
+            "worst": f"{worst['model']} b{worst['batch']} {worst['speedup_vs_eager']:.2f}" if worst else None,
+            "geomean_first_call_s": geomean(firsts), "geomean_first_call_s_inductor": geomean(firsts_inductor),
+            "failed": [f"{r['model']} b{r['batch']}: {r['error']}" for r in results if "error" in r]}
+
+
+def _row(r: dict) -> str:
+    if "error" in r:
+        return f"{r['model']:<16} b{r['batch']:<3} error: {r['error']}"
+    ms = r["median_ms"]
+    inductor = f"{ms['inductor']:9.2f}" if "inductor" in ms else f"{'-':>9}"
+    vs_inductor = f"{r['speedup_vs_inductor']:6.2f}" if r.get("speedup_vs_inductor") else f"{'-':>6}"
+    first = r["first_call_s"]
+    return (f"{r['model']:<16} b{r['batch']:<3} {ms['eager']:9.2f} {inductor} {ms['tori']:9.2f} "
+            f"{r['speedup_vs_eager']:6.2f} {vs_inductor} {first['tori']:7.1f} {first.get('inductor', float('nan')):7.1f}")
+
+
+def main() -> int:
+    from real_models import REAL_MODELS
+
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join([*REAL_MODELS, "llama_decode"]))
+    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--seconds", type=float, default=4.0, help="timed seconds per configuration")
+    parser.add_argument("--tori-options", default="{}", help="tori options as JSON, e.g. '{\"codegen\": \"none\"}'")
+    parser.add_argument("--no-inductor", action="store_true")
+    parser.add_argument("--json", type=Path)
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per model process")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    tori_options = json.loads(args.tori_options)
+    batches = [int(b) for b in args.batches.split(",")]
+    if args.one:
+        if args.one == "llama_decode":
+            print(json.dumps(measure_decode(args.seconds, tori_options, not args.no_inductor)))
+        else:
+            print(json.dumps(measure_one(args.one, batches[0], args.seconds, tori_options, not args.no_inductor)))
+        return 0
+    started = datetime.datetime.now(datetime.timezone.utc)
+    print(f"{'model':<16} {'batch':<4} {'eager ms':>9} {'induct ms':>9} {'tori ms':>9} {'x eag':>6} {'x ind':>6} "
+          f"{'1st s':>7} {'ind 1st':>7}", flush=True)
+    results = []
+    for name in args.models.split(","):
+        for batch in ([1] if name == "llama_decode" else batches):
+            results.append(_child(name, batch, args))
+            print(_row(results[-1]), flush=True)
+    summary = summarize(results)
+    print(json.dumps(summary, indent=1))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({
+            "started": started.isoformat(timespec="seconds"), "command": " ".join(sys.argv),
+            "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count()},
+            "tori_options": tori_options, "results": results, "summary": summary}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,176 @@
+"""Code generation per op family: which iree-compile flags a graph gets for a target,
+chosen from the op families it holds (2-D convolutions, matmuls), as one table of
+rules, each with the measurement that justified it.
+
+IREE's flags act on a whole module, so a rule applies per graph: a graph with a
+convolution gets the convolution rule, one with only matmuls the matmul rule. A
+flag the user names in `iree_flags` wins over a rule's (iree-compile refuses a
+flag given twice); `codegen="none"` applies no rule.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Iterable
+
+import torch
+import torch.fx
+
+from tori.config import Codegen, Options
+from tori.targets import Target
+
+_aten = torch.ops.aten
+
+PREPROCESSING_FLAG = "--iree-preprocessing-pass-pipeline"
+
+
+class Family(str, enum.Enum):
+    CONV2D = "convolution"          # 2-D, one group, not transposed
+    GROUPED_CONV = "grouped convolution"  # depthwise and other grouped 2-D convolutions
+    MATMUL = "matmul"               # mm, addmm, bmm, baddbmm (linear layers and attention)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Rule:
+    """Flags for one op family on one target; `preprocessing` are passes of IREE's
+    preprocessing pipeline (merged, in table order, into one flag)."""
+
+    target: Target
+    family: Family
+    name: str
+    flags: tuple[str, ...] = ()
+    preprocessing: tuple[str, ...] = ()
+    evidence: str = ""
+
+
+_CHANNELS_LAST = "iree-preprocessing-convert-conv-to-channels-last"
+_IMG2COL = "iree-global-opt-convert-conv2d-to-img2col"
+_DATA_TILING = "--iree-opt-data-tiling=true"
+
+# Measured with benchmarks/bench_models.py and iree-profile (docs/performance.md,
+# "Code generation per op family"); batch 1, 224x224 images, 2 cores.
+RULES: tuple[Rule, ...] = (
+    Rule(Target.CPU, Family.CONV2D, "channels-last, img2col, data-tiled matmul",
+         flags=(_DATA_TILING,), preprocessing=(_CHANNELS_LAST, _IMG2COL),
+         evidence="ResNet-18: 84.5 ms by default, 46.4 with channels-last and img2col, 28.0 with data tiling too "
+                  "(eager 17.6; Xeon with AVX-512, 2026-12-01); 541 -> 76 ms on an AVX2 EPYC (2026-12-01)"),
+    Rule(Target.CPU, Family.MATMUL, "data-tiled matmul", flags=(_DATA_TILING,),
+         evidence="DeiT-tiny: 70.4 ms by default, 22.0 with data tiling (eager 12.6); a 1024 fp32 matmul "
+                  "58 -> 156 GFLOP/s on an AVX2 EPYC"),
+)
+
+
+@dataclass(frozen=True)
+class FamilyUse:
+    family: Family
+    ops: int
+    gflop: float  # per call, from the graph's static shapes (0 where a shape is symbolic)
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """The rules chosen for one graph and the flags they give each target."""
+
+    uses: tuple[FamilyUse, ...] = ()
+    rules: tuple[Rule, ...] = ()
+    flags: dict[Target, tuple[str, ...]] = field(default_factory=dict)
+
+    def flags_for(self, target: Target) -> tuple[str, ...]:
+        return self.flags.get(target, ())
+
+    def __str__(self) -> str:
+        if not self.rules:
+            return "IREE defaults"
+        return "; ".join(f"{r.family} on {r.target.value}: {r.name}" for r in self.rules)
+
+    def describe(self) -> list[dict]:
+        """Per op family in the graph: its ops, work and the rule applied (for reports)."""
+        chosen = {(r.family, r.target): r for r in self.rules}
+        rows = []
+        for use in self.uses:
+            for target in {r.target for r in self.rules} or {None}:
+                rule = chosen.get((use.family, target))
+                rows.append({"family": str(use.family), "ops": use.ops, "gflop": round(use.gflop, 3),
+                             "target": target.value if target else None, "rule": rule.name if rule else "IREE default",
+                             "evidence": rule.evidence if rule else ""})
+        return rows
+
+
+_MATMULS = {_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default}
+
+
+def _shape(node) -> tuple[int, ...] | None:
+    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
+    if not isinstance(value, torch.Tensor) or not all(isinstance(d, int) for d in value.shape):
+        return None
+    return tuple(value.shape)
+
+
+def _conv_family(node: torch.fx.Node) -> Family | None:
+    weight = _shape(node.args[1])
+    transposed, groups = node.args[6], node.args[8]
+    if weight is None or len(weight) != 4 or transposed:
+        return None
+    return Family.CONV2D if groups == 1 else Family.GROUPED_CONV
+
+
+def _flops(node: torch.fx.Node) -> float:
+    out = _shape(node)
+    if out is None:
+        return 0.0
+    if node.target is _aten.convolution.default:
+        weight = _shape(node.args[1])
+        return 2.0 * math.prod(out) * math.prod(weight[1:]) if weight else 0.0
+    # A matmul's reduction size is its first matrix operand's last dim.
+    first = _shape(node.args[1] if node.target in (_aten.addmm.default, _aten.baddbmm.default) else node.args[0])
+    return 2.0 * math.prod(out) * first[-1] if first else 0.0
+
+
+def op_families(graphs: torch.fx.GraphModule | Iterable[torch.fx.GraphModule]) -> tuple[FamilyUse, ...]:
+    """The op families in functional ATen graphs (compiled into one module), with their
+    op counts and work."""
+    ops: Counter = Counter()
+    flops: Counter = Counter()
+    graphs = [graphs] if isinstance(graphs, torch.fx.GraphModule) else list(graphs)
+    for node in (n for gm in graphs for n in gm.graph.nodes if n.op == "call_function"):
+        family = None
+        if node.target is _aten.convolution.default:
+            family = _conv_family(node)
+        elif node.target in _MATMULS:
+            family = Family.MATMUL
+        if family is not None:
+            ops[family] += 1
+            flops[family] += _flops(node)
+    return tuple(FamilyUse(f, ops[f], flops[f] / 1e9) for f in Family if ops[f])
+
+
+def _flag_name(flag: str) -> str:
+    return flag.split("=", 1)[0]
+
+
+def choose(graphs: torch.fx.GraphModule | Iterable[torch.fx.GraphModule], options: Options,
+           targets: tuple[Target, ...]) -> Strategy:
+    """The strategy for the module of `graphs` compiled for `targets` with `options`."""
+    uses = op_families(graphs)
+    if options.codegen is Codegen.NONE or not uses:
+        return Strategy(uses)
+    present = {u.family for u in uses}
+    rules = tuple(r for r in RULES if r.family in present and r.target in targets)
+    user_flags = {_flag_name(f) for f in options.iree_flags}
+    flags: dict[Target, tuple[str, ...]] = {}
+    for target in targets:
+        mine = [r for r in rules if r.target is target]
+        passes = list(dict.fromkeys(p for r in mine for p in r.preprocessing))
+        chosen = list(dict.fromkeys(f for r in mine for f in r.flags))
+        if passes:
+            chosen.insert(0, f"{PREPROCESSING_FLAG}=builtin.module(util.func({', '.join(passes)}))")
+        chosen = [f for f in chosen if _flag_name(f) not in user_flags]
+        if chosen:
+            flags[target] = tuple(chosen)
+    return Strategy(uses, rules, flags)
