@@ -119,7 +119,13 @@ def tori_without_passes(model: torch.nn.Module) -> Callable:
     return torch.compile(model, backend="tori", options={"pipeline": ""})
 
 
-TORI_CONFIGS = ("tori", "tori-no-passes")
+@config("tori-codegen-none")
+def tori_default_codegen(model: torch.nn.Module) -> Callable:
+    # IREE's default code generation for every op family: what targets/codegen.py adds.
+    return torch.compile(model, backend="tori", options={"codegen": "none"})
+
+
+TORI_CONFIGS = ("tori", "tori-no-passes", "tori-codegen-none")
 
 
 def _first_line(error: BaseException) -> str:

@@ -69,7 +69,7 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
         if vmfbs is None:
             bytecode = to_bytecode(module)
             others = OtherTargets(bytecode, options, record.name, record.stages[Stage.TORI], record.codegen)  # meanwhile
-            vmfb = run_iree_compile(bytecode, invocation, graph=record.name, timeout_s=options.compile_timeout_s)
+            vmfb, invocation = _compile_main_target(bytecode, invocation, options, record)
             vmfbs = {options.target: vmfb, **others.result()}
             if cache is not None:
                 cache.put(key, vmfbs, {"graph": record.name, "kind": record.kind})
@@ -94,6 +94,24 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
             after_compile(record, options)
     log.debug("compiled %s (%s) in %.2f s", record.name, record.kind, record.compile_seconds)
     return compiled
+
+
+def _compile_main_target(bytecode: bytes, invocation, options: Options, record: GraphRecord):
+    """iree-compile for the main target; where the flags of the code generation
+    strategy make IREE fail, once more with IREE's defaults (one warning): a rule is a
+    speed choice and must never cost a graph its compile. Returns the vmfb and the
+    invocation that made it."""
+    try:
+        return run_iree_compile(bytecode, invocation, graph=record.name, timeout_s=options.compile_timeout_s), invocation
+    except CompileError as error:
+        if not record.codegen.flags_for(options.target) or "did not finish" in error.reason:
+            raise
+        log.warning("tori: graph %s: iree-compile failed with the code generation flags for %s (%s); compiling "
+                    "with IREE's defaults", record.name, record.codegen, error.reason)
+        record.codegen = record.codegen.without_rules(f"iree-compile failed with them: {error.reason}")
+        retry = build_invocation(options, options.target, iree_dump_flags(record, options), record.codegen)
+        record.stages[Stage.IREE] = retry.shell_command(f"{record.name}.mlirbc", f"{record.name}.vmfb")
+        return run_iree_compile(bytecode, retry, graph=record.name, timeout_s=options.compile_timeout_s), retry
 
 
 def check_element_types(gm: torch.fx.GraphModule, graph: str) -> None:

@@ -46,6 +46,8 @@ class Rule:
     name: str
     flags: tuple[str, ...] = ()
     preprocessing: tuple[str, ...] = ()
+    # The least work of the family in the graph (GFLOP per call) for the rule to apply.
+    min_gflop: float = 0.0
     evidence: str = ""
 
 
@@ -57,9 +59,11 @@ _DATA_TILING = "--iree-opt-data-tiling=true"
 # "Code generation per op family"); batch 1, 224x224 images, 2 cores.
 RULES: tuple[Rule, ...] = (
     Rule(Target.CPU, Family.CONV2D, "channels-last, img2col, data-tiled matmul",
-         flags=(_DATA_TILING,), preprocessing=(_CHANNELS_LAST, _IMG2COL),
-         evidence="ResNet-18: 84.5 ms by default, 46.4 with channels-last and img2col, 28.0 with data tiling too "
-                  "(eager 17.6; Xeon with AVX-512, 2026-12-01); 541 -> 76 ms on an AVX2 EPYC (2026-12-01)"),
+         flags=(_DATA_TILING,), preprocessing=(_CHANNELS_LAST, _IMG2COL), min_gflop=0.1,
+         evidence="ResNet-18 (3.6 GFLOP): 84.5 ms by default, 46.4 with channels-last and img2col, 28.0 with data "
+                  "tiling too (eager 17.6; Xeon with AVX-512, 2026-12-01), 541 -> 76 ms on an AVX2 EPYC; but the "
+                  "benchmarks' cnn_bn (0.045 GFLOP, 16-64 channels at 32x32) 0.51 -> 1.21 ms, so small graphs keep "
+                  "the default"),
     Rule(Target.CPU, Family.MATMUL, "data-tiled matmul", flags=(_DATA_TILING,),
          evidence="DeiT-tiny: 70.4 ms by default, 22.0 with data tiling (eager 12.6); a 1024 fp32 matmul "
                   "58 -> 156 GFLOP/s on an AVX2 EPYC"),
@@ -70,7 +74,7 @@ RULES: tuple[Rule, ...] = (
 class FamilyUse:
     family: Family
     ops: int
-    gflop: float  # per call, from the graph's static shapes (0 where a shape is symbolic)
+    gflop: float  # per call, from the graph's shapes (symbolic sizes at their traced example sizes)
 
 
 @dataclass(frozen=True)
@@ -80,13 +84,17 @@ class Strategy:
     uses: tuple[FamilyUse, ...] = ()
     rules: tuple[Rule, ...] = ()
     flags: dict[Target, tuple[str, ...]] = field(default_factory=dict)
+    dropped: str = ""  # why the chosen rules were dropped again (their flags made iree-compile fail)
 
     def flags_for(self, target: Target) -> tuple[str, ...]:
         return self.flags.get(target, ())
 
+    def without_rules(self, reason: str) -> "Strategy":
+        return Strategy(self.uses, dropped=reason)
+
     def __str__(self) -> str:
         if not self.rules:
-            return "IREE defaults"
+            return f"IREE defaults ({self.dropped})" if self.dropped else "IREE defaults"
         return "; ".join(f"{r.family} on {r.target.value}: {r.name}" for r in self.rules)
 
     def describe(self) -> list[dict]:
@@ -106,10 +114,12 @@ _MATMULS = {_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.badd
 
 
 def _shape(node) -> tuple[int, ...] | None:
+    """A node's shape, a symbolic size read as the example size it was traced with."""
     value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    if not isinstance(value, torch.Tensor) or not all(isinstance(d, int) for d in value.shape):
+    if not isinstance(value, torch.Tensor):
         return None
-    return tuple(value.shape)
+    sizes = [d if isinstance(d, int) else getattr(d.node, "hint", None) for d in value.shape]
+    return tuple(sizes) if all(isinstance(d, int) for d in sizes) else None
 
 
 def _conv_family(node: torch.fx.Node) -> Family | None:
@@ -160,8 +170,8 @@ def choose(graphs: torch.fx.GraphModule | Iterable[torch.fx.GraphModule], option
     uses = op_families(graphs)
     if options.codegen is Codegen.NONE or not uses:
         return Strategy(uses)
-    present = {u.family for u in uses}
-    rules = tuple(r for r in RULES if r.family in present and r.target in targets)
+    work = {u.family: u.gflop for u in uses}
+    rules = tuple(r for r in RULES if r.family in work and work[r.family] >= r.min_gflop and r.target in targets)
     user_flags = {_flag_name(f) for f in options.iree_flags}
     flags: dict[Target, tuple[str, ...]] = {}
     for target in targets:

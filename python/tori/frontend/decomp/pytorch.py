@@ -33,10 +33,12 @@ for _op in FROM_PYTORCH:
 
 @register_decomposition(aten.max_pool2d_with_indices.default, aten.max_pool3d_with_indices.default)
 def _max_pool_with_indices(op, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
-    # Where the windows tile the padded input exactly, the values come from the op itself,
-    # which IREE lowers to one pooling dispatch, and unused indices (max_pool2d without
-    # return_indices) are traced away. Elsewhere Torch-MLIR's lowering of the op's indices
-    # fails to verify (ceil_mode, ragged last windows): PyTorch's decomposition computes both.
+    # The values come from the op itself, which IREE lowers to one pooling dispatch, over
+    # the input padded explicitly (with the dtype's lowest value) or cropped so that the
+    # windows tile it exactly; unused indices (max_pool2d without return_indices) are
+    # traced away. Torch-MLIR's lowering of the op's indices fails to verify where the
+    # windows do not tile the input (ceil_mode, ragged last windows, ResNet's stem pool):
+    # PyTorch's decomposition computes them.
     decomposed = aten_decompositions[op]
     spatial = 3 if op is aten.max_pool3d_with_indices.default else 2
     sizes = x.shape[-spatial:]
@@ -49,11 +51,33 @@ def _max_pool_with_indices(op, x, kernel_size, stride=(), padding=0, dilation=1,
     kernel = each(kernel_size, 1)
     steps = [k if s is None else s for k, s in zip(kernel, each(stride, None))]  # no stride: the kernel's
     pads, dilations = each(padding, 0), each(dilation, 1)
-    exact = not ceil_mode and all(
-        isinstance(n, int) and (n + 2 * p - d * (k - 1) - 1) % s == 0
-        for n, k, s, p, d in zip(sizes, kernel, steps, pads, dilations))
     with unchecked():  # the decomposition's window indices are in range by construction
-        if not exact:
-            return decomposed(x, kernel_size, stride, padding, dilation, ceil_mode)
-        values = as_is(op, x, kernel_size, stride, padding, dilation, ceil_mode)[0]
-        return values, decomposed(x, kernel_size, stride, padding, dilation, ceil_mode)[1]
+        indices = decomposed(x, kernel_size, stride, padding, dilation, ceil_mode)
+        if not all(isinstance(n, int) for n in sizes) or x.numel() == 0:
+            return indices
+        extents = [_pool_extent(n, k, s, p, d, ceil_mode) for n, k, s, p, d in zip(sizes, kernel, steps, pads, dilations)]
+        if all(e == n + 2 * p for e, n, p in zip(extents, sizes, pads)):
+            return as_is(op, x, kernel_size, stride, padding, dilation, ceil_mode)[0], indices[1]
+        if any(d != 1 for d in dilations):  # IREE's lowering of a dilated pool over a cropped input fails
+            return indices
+        framed = x
+        for dim, (e, n, p) in enumerate(zip(extents, sizes, pads), start=x.dim() - spatial):
+            if e < n + p:  # the last elements are in no window
+                framed = aten.slice.Tensor(framed, dim, 0, e - p)
+        # constant_pad_nd takes (left, right) pairs from the last dim backwards.
+        widths = [w for e, n, p in reversed(list(zip(extents, sizes, pads))) for w in (p, max(e - n - p, 0))]
+        lowest = -torch.inf if x.dtype.is_floating_point else torch.iinfo(x.dtype).min
+        framed = aten.constant_pad_nd.default(framed, widths, lowest)
+        return as_is(op, framed, kernel, steps, [0] * spatial, dilations, False)[0], indices[1]
+
+
+def _pool_extent(size: int, kernel: int, stride: int, pad: int, dilation: int, ceil_mode: bool) -> int:
+    """The length of padded input that pooling's windows cover, as ATen counts its
+    output size (pooling_output_shape): with ceil_mode a last window must start inside
+    the input or its left padding."""
+    span = dilation * (kernel - 1) + 1
+    reach = size + 2 * pad - span
+    out = (-(-reach // stride) if ceil_mode else reach // stride) + 1
+    if ceil_mode and (out - 1) * stride >= size + pad:
+        out -= 1
+    return (out - 1) * stride + span
