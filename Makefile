@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tori-installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv demo test bench fuzz conformance clean
+.PHONY: all venv demo test bench bench-models fuzz conformance clean
 
 all: test
 
@@ -30,6 +30,12 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) benchmarks/run.py --json benchmarks/results/latest.json
+
+# Real architectures (timm, transformers; random weights), eager vs inductor vs tori, one fresh
+# process per model and batch size (BENCH_MODELS_ARGS: --models, --batches, --tori-options).
+BENCH_MODELS_ARGS ?=
+bench-models: $(STAMP)
+	$(PY) benchmarks/bench_models.py --json benchmarks/results/models.json $(BENCH_MODELS_ARGS)
 
 # Differential fuzzing against eager, a longer budget than the test suite's (FUZZ_ARGS: --seeds, --batches).
 FUZZ_ARGS ?=

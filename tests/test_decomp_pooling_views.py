@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import tori
 from tori.testing import assert_matches_eager, count_graphs
 
 aten = torch.ops.aten
@@ -73,3 +74,21 @@ def test_the_bool_all_of_safe_softmax_keeps_its_form():
 
     scores = torch.randn(2, 4, 8, 8)
     assert all_any_over_a_dim(aten.all.dim, scores == -math.inf, -1, True) is NotImplemented
+
+
+@pytest.mark.parametrize("size, kernel, stride, padding, dilation, ceil_mode", [
+    (112, 3, 2, 1, 1, False),  # ResNet's stem pool: the last padded column is in no window
+    (7, 3, 2, 1, 1, True),     # ceil_mode: a last window past the padding
+    (10, 2, 3, 0, 1, True),
+    (8, 2, 2, 0, 1, False),    # the width (9) is cropped, the height (8) tiles
+    (9, 3, 2, 0, 2, False),    # dilated and ragged: PyTorch's decomposition for both
+])
+def test_ragged_max_pool_values_come_from_one_pooling_op(size, kernel, stride, padding, dilation, ceil_mode):
+    x = torch.randn(2, 3, size, size + 1, generator=torch.Generator().manual_seed(0))
+    x[0, 0, 1, 1] = float("nan")
+    pool = lambda t: F.max_pool2d(t, kernel, stride, padding, dilation, ceil_mode)  # noqa: E731
+    with torch.no_grad():
+        assert_matches_eager(pool, x)
+    pools = tori.last_compile().graphs[0].stages["torch"].count("torch.aten.max_pool2d")
+    assert pools == (0 if dilation > 1 else 1)
+    assert_matches_eager(lambda t: F.max_pool2d(t, kernel, stride, padding, dilation, ceil_mode, return_indices=True), x)

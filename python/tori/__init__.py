@@ -34,6 +34,7 @@ _LAZY: dict[str, tuple[str, str | None]] = {
     "Stage": ("tori.stages", "Stage"),
     "counters": ("tori.stats", "counters"),
     "Target": ("tori.targets", "Target"),
+    "profile": ("tori.tools.profile", "profile"),
 }
 
 
@@ -54,5 +55,6 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "CompileRecord", "Driver", "EntryPoint", "Fallback", "GraphRecord", "Options", "STAGES", "Stage", "Target",
-    "compile", "compile_records", "compiler", "counters", "errors", "export", "last_compile", "load", "runtime",
+    "compile", "compile_records", "compiler", "counters", "errors", "export", "last_compile", "load", "profile",
+    "runtime",
 ]

@@ -5,6 +5,7 @@
     tori report MODULE:FACTORY -o report.html  the HTML compile report of one model
     tori export MODULE:FACTORY -o out/ --target cpu,vulkan   an artifact folder (docs/export.md)
     tori run out/ --input x.npy                run an artifact with IREE's runtime and numpy
+    tori profile MODULE:FACTORY --calls 20     time per IREE dispatch, with the torch ops behind each
 
 A subcommand is one function decorated with `@subcommand(...)`; library code logs,
 only this module prints.
@@ -163,6 +164,44 @@ def explore_command(model: str, pipelines: tuple[str, ...], iree_flags: tuple[st
                       "-" if o.median_ms is None else f"{o.median_ms:.3f}",
                       "-" if o.ratio is None else f"{o.ratio:.2f}x")
     _console().print(table)
+
+
+# ---------------------------------------------------------------------------
+# tori profile
+
+@subcommand("profile")
+@click.argument("model")
+@click.option("--calls", default=20, show_default=True, help="Calls profiled per graph.")
+@click.option("--json", "json_path", type=click.Path(path_type=Path), help="Also write the profile as JSON here.")
+@click.option("--trace", type=click.Path(path_type=Path), help="Write a Perfetto trace (.pftrace) here.")
+@click.option("--top", default=25, show_default=True, help="Dispatches shown in the table.")
+@click.option("--target", default=None, help="IREE target (tori.Target).")
+@click.option("--option", "extra", multiple=True, help="Any other tori option, KEY=VALUE.")
+def profile_command(model: str, calls: int, json_path: Path | None, trace: Path | None, top: int,
+                    target: str | None, extra: tuple[str, ...]) -> None:
+    """Compile MODEL (MODULE:FACTORY returning (model, inputs)) in inference and show
+    where a call's time goes, per IREE dispatch (IREE's HAL profiler)."""
+    import torch
+
+    from tori.tools.loading import load_model
+    from tori.tools.profile import profile
+
+    module, inputs = load_model(model)
+    with torch.no_grad():
+        result = profile(module, *inputs, calls=calls, options=_options(target, extra), trace=trace)
+    if json_path is not None:
+        json_path.write_text(json.dumps(result.to_json(), indent=1))
+    table = Table(title=f"tori profile {model}: {result.wall_us_per_call:.0f} us per call "
+                        f"({result.dispatch_us_per_call:.0f} us in {len(result.dispatches)} dispatches); "
+                        f"fp32 GEMM peak {result.peak_gflops:.0f} GFLOP/s", title_justify="left")
+    for column, justify in (("dispatch", "left"), ("us/call", "right"), ("share", "right"),
+                            ("GFLOP/s (of peak)", "right"), ("torch ops", "left"), ("source", "left")):
+        table.add_column(column, justify=justify)
+    for row in result.table(top):
+        table.add_row(*row)
+    _console().print(table)
+    if trace is not None:
+        click.echo(f"trace written to {trace} (open it in ui.perfetto.dev)")
 
 
 # ---------------------------------------------------------------------------

@@ -70,6 +70,7 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
             bytecode = to_bytecode(module)
             others = OtherTargets(bytecode, options, record.name, record.stages[Stage.TORI], record.codegen)  # meanwhile
             vmfb, invocation = _compile_main_target(bytecode, invocation, options, record)
+            record.iree_bytecode, record.iree_invocation = bytecode, invocation
             vmfbs = {options.target: vmfb, **others.result()}
             if cache is not None:
                 cache.put(key, vmfbs, {"graph": record.name, "kind": record.kind})

@@ -15,7 +15,7 @@ import torch.fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch_mlir import ir
 from torch_mlir.dialects import torch as torch_d
-from torch_mlir.extras.fx_importer import FxImporter, FxImporterHooks
+from torch_mlir.extras.fx_importer import ContextCache, FxImporter, FxImporterHooks
 
 from tori.dialects import tori as tori_dialect
 from tori.errors import CompileError, UnsupportedOpError
@@ -169,6 +169,50 @@ def _failing_op(graph: torch.fx.Graph, error: Exception) -> str | None:
     return None
 
 
+class _ContextCache(ContextCache):
+    """Locations that name the ATen op of each node around its source line, or where
+    the graph has no stack traces (AOTAutograd drops Dynamo's) the module it came from:
+    `loc("aten.convolution.default"("model.py":12:0))`,
+    `loc("aten.convolution.default"("module layer1.0.conv1 (Conv2d)"))`. IREE's
+    dispatches keep the locations of the ops fused into them, so they tell which torch
+    ops they compute (tori.tools.profile)."""
+
+    __slots__ = ()
+
+    def get_node_location(self, node: torch.fx.Node) -> ir.Location | None:
+        location = super().get_node_location(node)
+        if node.op != "call_function":
+            return location
+        if location is None or str(location) == "loc(unknown)":
+            module = module_path(node)
+            if module is None:
+                return location
+            location = ir.Location.name(f"module {module}", context=self._c)
+        return ir.Location.name(op_name(node.target), childLoc=location, context=self._c)
+
+
+_DYNAMO_ROOT = re.compile(r"^L\[['\"]\w+['\"]\]\.?")
+_MODULES_ITEM = re.compile(r"\._modules\[['\"]([^'\"]+)['\"]\]|\[(\d+)\]")
+
+
+def module_path(node: torch.fx.Node) -> str | None:
+    """The innermost nn.Module a node was traced in, as `layer1.0.conv1 (Conv2d)`."""
+    stack = node.meta.get("nn_module_stack")
+    if not stack:
+        return None
+    path, cls = list(stack.values())[-1]
+    path = _MODULES_ITEM.sub(lambda m: f".{m.group(1) or m.group(2)}", _DYNAMO_ROOT.sub("", str(path)))
+    name = getattr(cls, "__name__", str(cls))
+    return f"{path.strip('.') or 'model'} ({name})"
+
+
+def op_name(target) -> str:
+    """An FX node target as profiles and reports name it: `aten.convolution.default`."""
+    if isinstance(target, torch._ops.OpOverload):
+        return f"{target.namespace}.{target._schema.name.split('::')[-1]}.{target._overloadname}"
+    return getattr(target, "__name__", str(target))
+
+
 def new_importer(hooks: FxImporterHooks | None = None) -> FxImporter:
     """An FxImporter with tori's node importer in a fresh context. `hooks` may build ops
     of IREE's dialects (util.global for parameters), which torch-mlir does not register:
@@ -176,7 +220,10 @@ def new_importer(hooks: FxImporterHooks | None = None) -> FxImporter:
     context = new_context()
     if hooks is not None:
         context.allow_unregistered_dialects = True
-    return FxImporter(context=context, hooks=hooks, graph_node_importer_cls=_NodeImporter)
+    importer = FxImporter(context=context, hooks=hooks, graph_node_importer_cls=_NodeImporter)
+    # FxImporter takes no ContextCache argument; its own is replaced before any import.
+    importer._cc = _ContextCache(context, py_attr_tracker=importer._py_attr_tracker)
+    return importer
 
 
 def import_graph(gm: torch.fx.GraphModule, *, graph_name: str, importer: FxImporter | None = None,

@@ -44,6 +44,11 @@ class GraphRecord:
     from_graph_cache: bool = False
     # The code generation chosen for the graph's op families (tori.targets.codegen.Strategy).
     codegen: object | None = None
+    # What iree-compile was given for the main target, with MLIR locations (bytecode), and
+    # how it was invoked (tori.targets.iree_compile.IreeInvocation); kept where the graph
+    # was compiled rather than served from the cache, for tori.profile.
+    iree_bytecode: bytes | None = None
+    iree_invocation: object | None = None
 
     @property
     def fell_back(self) -> bool:

@@ -1,0 +1,303 @@
+"""Where a compiled call's time goes, per IREE dispatch: `tori.profile(fn, *inputs)`
+and `tori profile MODULE:FACTORY`.
+
+Each graph tori compiled for the call runs its vmfb under IREE's HAL profiler
+(`iree-benchmark-module --device_profiling_mode=...`, with the inputs the call gave
+it), `iree-profile statistics` gives each dispatch's time, and the dispatch's MLIR
+locations (IREE's flow phase, with debug info) name the torch ops fused into it
+and their source lines. Convolutions and matmuls get GFLOP/s from the loop bounds
+in IREE's dispatch names, against the machine's fp32 GEMM rate measured here.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+import subprocess
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from tori.errors import ToriError
+
+log = logging.getLogger("tori.profile")
+
+_PROFILING_MODE = "queue-events,host-execution,executable-metadata"
+# `flow.executable.export public @main$async_dispatch_3_matmul_64x256x512_f32`
+_EXPORT = re.compile(r"flow\.executable\.export public @([\w$.-]+)")
+# `loc("aten.convolution.default"(` and the "file":line frames of a location
+_OP_LOC = re.compile(r'loc\("((?:aten|prims|tori|torch)\.[\w.]+)"\(')
+_FRAME = re.compile(r'"([^"]+)":(\d+):\d+')
+_MODULE = re.compile(r'"module ([^"]+)"')
+# IREE names a contraction's dispatch by its kind and loop bounds: 2 flops per point.
+_CONTRACTION = re.compile(r"_(?:batch_)?(?:matmul|conv|mmt4d|contract)\w*?_((?:\d+x)+\d+)_")
+
+
+# The torch ops whose dispatches are rated in GFLOP/s (pooling dispatches are also named `conv`).
+_CONTRACTING_OPS = ("aten.convolution", "aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm")
+
+
+class ProfileError(ToriError):
+    """The profiler could not run or read IREE's profile."""
+
+
+@dataclass
+class DispatchTime:
+    name: str
+    graph: str
+    ops: list[str]
+    sources: list[str]  # user source lines of those ops ("model.py:12")
+    us_per_call: float
+    share: float  # of the graphs' total dispatch time
+    gflops: float | None  # convolutions and matmuls
+    fraction_of_peak: float | None  # of the machine's fp32 GEMM rate
+
+
+@dataclass
+class Profile:
+    wall_us_per_call: float
+    dispatch_us_per_call: float
+    peak_gflops: float
+    calls: int
+    graphs: list[str]
+    dispatches: list[DispatchTime] = field(default_factory=list)
+    trace: str | None = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def table(self, limit: int = 30) -> list[list[str]]:
+        """Rows for a table, heaviest dispatch first."""
+        rows = []
+        for d in self.dispatches[:limit]:
+            rate = "" if d.gflops is None else f"{d.gflops:.0f} ({d.fraction_of_peak:.0%})"
+            rows.append([d.name.split("$async_")[-1], f"{d.us_per_call:.1f}", f"{d.share:.1%}", rate,
+                         ", ".join(_short(op) for op in d.ops) or "-", ", ".join(d.sources[:2])])
+        return rows
+
+
+def _short(op: str) -> str:
+    return op.removeprefix("aten.").removesuffix(".default")
+
+
+@lru_cache(maxsize=None)
+def _tool(name: str) -> str:
+    import iree._runtime_libs
+
+    return str(Path(iree._runtime_libs.__file__).parent / name)
+
+
+@lru_cache(maxsize=None)
+def gemm_peak_gflops(size: int = 1024) -> float:
+    """The fp32 GEMM rate of this machine: PyTorch's torch.mm of two size x size
+    matrices on its default threads, the best of several runs."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    for _ in range(3):
+        a @ b
+    best = math.inf
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(4):
+            a @ b
+        best = min(best, (time.perf_counter() - start) / 4)
+    return 2 * size ** 3 / best / 1e9
+
+
+def contraction_gflop(name: str) -> float | None:
+    """The work of a convolution or matmul dispatch from its name's loop bounds."""
+    match = _CONTRACTION.search(name)
+    if match is None:
+        return None
+    return 2 * math.prod(int(n) for n in match.group(1).split("x")) / 1e9
+
+
+@dataclass(frozen=True)
+class DispatchSource:
+    ops: list[str]      # torch ops whose locations the dispatch carries
+    sources: list[str]  # their user source lines, or the modules they came from
+    contraction: bool   # holds a convolution or matmul (not pooling, which IREE also names `conv`)
+
+
+def dispatch_ops(flow_text: str) -> dict[str, DispatchSource]:
+    """Per dispatch entry point in IREE's flow-phase IR printed with debug info: the
+    torch ops whose locations it carries, and their user source lines."""
+    found: dict[str, DispatchSource] = {}
+    chunks = re.split(r"\n  flow\.executable ", flow_text)
+    for chunk in chunks[1:]:
+        exports = _EXPORT.findall(chunk)
+        ops = list(dict.fromkeys(_OP_LOC.findall(chunk)))
+        sources = []
+        for file, line in _FRAME.findall(chunk):
+            if "site-packages" in file or "/torch/" in file:
+                continue
+            sources.append(f"{Path(file).name}:{line}")
+        sources += _MODULE.findall(chunk)
+        for export in exports:
+            # IREE names pooling dispatches `conv` too: a `conv` dispatch is rated only with a convolution in it.
+            needed = ("aten.convolution",) if "_conv_" in export else _CONTRACTING_OPS
+            contraction = any(op.startswith(needed) for op in ops)
+            found[export] = DispatchSource(ops, list(dict.fromkeys(sources)), contraction)
+    return found
+
+
+def _capture_arguments(graphs) -> tuple[dict[str, list], Callable[[], None]]:
+    """Record the arguments of each compiled graph's next call; returns them and a
+    function that restores the graphs' call paths."""
+    captured: dict[str, list] = {}
+    restore = []
+    for graph in graphs:
+        compiled = graph.compiled
+        original = compiled._call
+
+        def capture(args, compiled=compiled, original=original, name=graph.name):
+            captured.setdefault(name, [a.detach().clone() if isinstance(a, torch.Tensor) else a for a in args])
+            return original(args)
+
+        compiled._call = capture
+        restore.append((compiled, original))
+
+    def undo() -> None:
+        for compiled, original in restore:
+            compiled._call = original
+
+    return captured, undo
+
+
+def _inputs(graph, args: list, folder: Path) -> list[str]:
+    """iree-benchmark-module's --input flags for one call's arguments (the seed of a
+    graph with random ops included)."""
+    from tori.frontend.signature import ArgKind
+
+    values = list(args)
+    if ArgKind.SEED in graph.compiled.signature.args:
+        values.append(torch.tensor(0, dtype=torch.int64))
+    flags = []
+    for index, value in enumerate(values):
+        if isinstance(value, torch.Tensor):
+            path = folder / f"input_{index}.npy"
+            np.save(path, value.detach().cpu().contiguous().numpy())
+            flags.append(f"--input=@{path}")
+        elif isinstance(value, bool):
+            flags.append(f"--input=i1={int(value)}")
+        elif isinstance(value, int):
+            flags.append(f"--input=i64={value}")
+        elif isinstance(value, float):
+            flags.append(f"--input=f64={value}")
+        else:
+            raise ProfileError(f"graph {graph.name}: cannot pass argument {index} ({type(value).__name__}) to "
+                               "iree-benchmark-module")
+    return flags
+
+
+def _run(command: list[str], what: str, timeout_s: float = 600.0) -> str:
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
+    if done.returncode != 0:
+        raise ProfileError(f"{what} failed (exit {done.returncode}): {done.stderr.strip()[-600:]}")
+    return done.stdout
+
+
+def _profile_graph(graph, args: list, calls: int, folder: Path) -> list[tuple[str, float]]:
+    """(dispatch, total ns over `calls` calls) of one graph's vmfb under IREE's profiler."""
+    module = folder / "module.vmfb"
+    module.write_bytes(graph.stages["vmfb"])
+    output = folder / "profile.ireeprof"
+    driver = graph.compiled.driver or "local-task"
+    _run([_tool("iree-benchmark-module"), f"--device={driver}", f"--module={module}", "--function=main",
+          *_inputs(graph, args, folder), f"--benchmark_min_time={calls}x",
+          f"--device_profiling_mode={_PROFILING_MODE}", f"--device_profiling_output={output}"],
+         f"iree-benchmark-module on graph {graph.name}")
+    rows = []
+    for line in _run([_tool("iree-profile"), "statistics", "--format=jsonl", str(output)], "iree-profile").splitlines():
+        row = json.loads(line)
+        if row.get("row_type") == "host_execution_function" and row.get("function_name"):
+            rows.append((row["function_name"], float(row["total_duration_ns"])))
+    return rows
+
+
+def _flow_text(graph) -> str:
+    from tori.targets.iree_compile import IreeInvocation, run_iree_compile
+
+    flags = [f for f in graph.iree_invocation.flags if not f.startswith("--dump-compilation-phases-to")]
+    invocation = IreeInvocation((*flags, "--compile-to=flow", "--mlir-print-debuginfo"))
+    return run_iree_compile(graph.iree_bytecode, invocation, graph=f"{graph.name}-profile", timeout_s=900).decode()
+
+
+def _trace(outputs: list[Path], path: Path) -> None:
+    """A Perfetto trace of the profiled calls (iree-profile export, iree-profile-render)."""
+    import sys
+
+    try:
+        import perfetto  # noqa: F401  (iree-profile-render needs it)
+    except ImportError:
+        raise ProfileError("--trace needs the 'perfetto' and 'protobuf' packages: pip install perfetto protobuf") from None
+    events = path.with_suffix(".ireeperf.jsonl")
+    with events.open("w") as out:
+        for output in outputs:
+            out.write(_run([_tool("iree-profile"), "export", "--format=ireeperf-jsonl", "--output=-", str(output)],
+                           "iree-profile export"))
+    _run([sys.executable, "-m", "iree._runtime.scripts.iree_profile_render", "--format=perfetto", "--quiet",
+          str(events), "-o", str(path)], "iree-profile-render")
+    events.unlink()
+
+
+def profile(fn: Callable, *inputs: Any, calls: int = 20, options: dict | None = None,
+            trace: str | Path | None = None) -> Profile:
+    """Compile `fn` with tori (fallback='error'), call it with `inputs`, and profile
+    every graph of the call on IREE's HAL profiler for `calls` calls."""
+    import tori
+    from tori.runtime.compiled_graph import CompiledGraph
+
+    if calls < 1:
+        raise ProfileError(f"calls must be at least 1, not {calls}")
+    seen = {r.name for r in tori.compile_records()}
+    compiled = torch.compile(fn, backend="tori", options={"fallback": "error", "cache": False, **(options or {})})
+    compiled(*inputs)
+    graphs = [g for r in tori.compile_records() if r.name not in seen for g in r.graphs
+              if isinstance(g.compiled, CompiledGraph) and g.iree_bytecode is not None]
+    if not graphs:
+        raise ProfileError("no graph of this call was compiled by tori (nothing to profile)")
+    captured, restore = _capture_arguments(graphs)
+    try:
+        compiled(*inputs)
+    finally:
+        restore()
+    for _ in range(3):
+        compiled(*inputs)
+    start = time.perf_counter()
+    for _ in range(calls):
+        compiled(*inputs)
+    wall_us = (time.perf_counter() - start) / calls * 1e6
+    peak = gemm_peak_gflops()
+    times: list[tuple[str, str, float]] = []
+    located: dict[str, DispatchSource] = {}
+    outputs = []
+    with tempfile.TemporaryDirectory(prefix="tori-profile-") as tmp:
+        for index, graph in enumerate(graphs):
+            if graph.name not in captured:
+                continue  # not called by this input
+            folder = Path(tmp) / str(index)
+            folder.mkdir()
+            times += [(graph.name, name, ns) for name, ns in _profile_graph(graph, captured[graph.name], calls, folder)]
+            located.update(dispatch_ops(_flow_text(graph)))
+            outputs.append(folder / "profile.ireeprof")
+        if trace is not None:
+            _trace(outputs, Path(trace))
+    total = sum(ns for _, _, ns in times) or 1.0
+    dispatches = []
+    for graph_name, name, ns in sorted(times, key=lambda t: -t[2]):
+        us = ns / calls / 1e3
+        source = located.get(name, DispatchSource([], [], False))
+        gflop = contraction_gflop(name) if source.contraction else None
+        rate = gflop / (us * 1e-6) if gflop is not None and us > 0 else None
+        dispatches.append(DispatchTime(name, graph_name, source.ops, source.sources, us, ns / total, rate,
+                                       rate / peak if rate is not None else None))
+    return Profile(wall_us, total / calls / 1e3, peak, calls, [g.name for g in graphs], dispatches,
+                   str(trace) if trace is not None else None)
