@@ -80,3 +80,42 @@ def test_variance_used_elsewhere_stays(filecheck):
         # CHECK-NOT: torch.aten.native_layer_norm
         # CHECK:     torch.aten.var_mean.correction
     """)
+
+
+TWO_MEANS = f"""
+    func.func @ln(%x: {X}, %w: {P}) -> {X} {{
+      %int1 = torch.constant.int 1
+      %int-1 = torch.constant.int -1
+      %true = torch.constant.bool true
+      %none = torch.constant.none
+      %eps = torch.constant.float 1.0e-05
+      %dims = torch.prim.ListConstruct %int-1 : (!torch.int) -> !torch.list<int>
+      %mean = torch.aten.mean.dim %x, %dims, %true, %none : {X}, !torch.list<int>, !torch.bool, !torch.none -> {STAT}
+      %c = torch.aten.sub.Tensor %x, %mean, %int1 : {X}, {STAT}, !torch.int -> {X}
+      %sq = torch.aten.mul.Tensor %c, %c : {X}, {X} -> {X}
+      %var = torch.aten.mean.dim %sq, %dims, %true, %none : {X}, !torch.list<int>, !torch.bool, !torch.none -> {STAT}
+      %0 = torch.aten.add.Scalar %var, %eps, %int1 : {STAT}, !torch.float, !torch.int -> {STAT}
+      %1 = torch.aten.rsqrt %0 : {STAT} -> {STAT}
+      %norm = torch.aten.mul.Tensor %c, %1 : {X}, {STAT} -> {X}
+      %y = torch.aten.mul.Tensor %norm, %w : {X}, {P} -> {X}
+      return %y : {X}
+    }}
+"""
+
+
+def test_two_mean_form_of_tori_decomposition_becomes_native_layer_norm(filecheck):
+    filecheck(TWO_MEANS, """
+        # CHECK-LABEL: func.func @ln
+        # CHECK:         %[[Y:.+]], %{{.+}}, %{{.+}} = torch.aten.native_layer_norm %arg0, %{{.+}}, %arg1, %{{.+}}, %{{.+}} : !torch.vtensor<[2,8],f32>, !torch.list<int>, !torch.vtensor<[8],f32>, !torch.none, !torch.float
+        # CHECK-NEXT:    return %[[Y]]
+        # CHECK-NOT:     torch.aten.mean.dim
+    """)
+
+
+def test_two_means_over_different_dims_stay(filecheck):
+    filecheck(TWO_MEANS.replace("%var = torch.aten.mean.dim %sq, %dims", "%var = torch.aten.mean.dim %sq, %other")
+              .replace("%eps = torch.constant.float 1.0e-05", "%eps = torch.constant.float 1.0e-05\n"
+                       "      %int0 = torch.constant.int 0\n"
+                       "      %other = torch.prim.ListConstruct %int0 : (!torch.int) -> !torch.list<int>"), """
+        # CHECK-NOT: torch.aten.native_layer_norm
+    """)

@@ -273,3 +273,22 @@ def attention_backward(op, grad_out, query, key, value, out, logsumexp, dropout_
         grad_keys = grad_keys.unflatten(-3, (key.shape[-3], groups)).sum(-3)
         grad_values = grad_values.unflatten(-3, (value.shape[-3], groups)).sum(-3)
     return grad_query, grad_keys, grad_values
+
+
+@register_decomposition(aten.native_layer_norm.default)
+def layer_norm_in_float32(op, x, normalized_shape, weight, bias, eps):
+    """LayerNorm's moments as two float32 reductions, as eager's CPU kernel computes them.
+    PyTorch's decomposition goes through var_mean, which Torch-MLIR lowers in float64
+    (two float64 reductions per LayerNorm: 3.6 of DeiT-small's dispatch time per layer)."""
+    if x.dtype != torch.float32 or not normalized_shape:
+        return NotImplemented
+    dims = list(range(x.dim() - len(normalized_shape), x.dim()))
+    mean = x.mean(dims, keepdim=True)
+    centered = x - mean
+    rstd = torch.rsqrt((centered * centered).mean(dims, keepdim=True) + eps)
+    out = centered * rstd
+    if weight is not None:
+        out = out * weight
+    if bias is not None:
+        out = out + bias
+    return out, mean, rstd
