@@ -19,6 +19,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
+from tori.testing import allow_torchvision_import  # noqa: E402
+
+allow_torchvision_import()  # transformers imports torchvision too
+
 IMAGE = 224
 TOKENS = 128
 VOCAB = 32000

@@ -12,6 +12,11 @@ os.environ["TORI_CACHE_DIR"] = tempfile.mkdtemp(prefix="tori-test-cache-")
 atexit.register(shutil.rmtree, os.environ["TORI_CACHE_DIR"], ignore_errors=True)
 os.environ.pop("TORI_CACHE_URL", None)
 
+# timm and transformers import torchvision, whose CUDA build cannot load on CPU torch.
+from tori.testing import allow_torchvision_import  # noqa: E402
+
+allow_torchvision_import()
+
 
 @pytest.fixture(autouse=True)
 def fresh_dynamo():

@@ -105,23 +105,30 @@ _TORCHVISION_SCHEMAS = (
 _torchvision_library = None
 
 
-def import_timm():
-    """Import timm on a CPU build of torch.
+def allow_torchvision_import() -> None:
+    """Let torchvision's Python side import on a CPU build of torch.
 
-    timm imports torchvision, and PyPI's torchvision 0.28.0 (the release for torch
-    2.13) is a CUDA build: its extension does not load against CPU torch, and its
-    import then fails registering fake kernels for `torchvision::nms` and `qnms`,
-    whose schemas the extension would have defined. Defining the two schemas first
-    lets its Python side import; no timm classification model calls either op.
+    PyPI's torchvision 0.28.0 (the release for torch 2.13) is a CUDA build: its
+    extension does not load against CPU torch, and its import then fails registering
+    fake kernels for `torchvision::nms` and `qnms`, whose schemas the extension would
+    have defined. timm imports torchvision, and so does transformers wherever it is
+    installed. Defining the two schemas first lets the import succeed; no timm or
+    transformers model that tori runs calls either op.
     """
     global _torchvision_library
-    if _torchvision_library is None:
-        try:
-            torch._C._dispatch_find_schema_or_throw("torchvision::nms", "")
-        except RuntimeError:  # no extension defined it: define the schemas the Python side expects
-            _torchvision_library = torch.library.Library("torchvision", "DEF")
-            for schema in _TORCHVISION_SCHEMAS:
-                _torchvision_library.define(schema)
+    if _torchvision_library is not None:
+        return
+    try:
+        torch._C._dispatch_find_schema_or_throw("torchvision::nms", "")
+    except RuntimeError:  # no extension defined it
+        _torchvision_library = torch.library.Library("torchvision", "DEF")
+        for schema in _TORCHVISION_SCHEMAS:
+            _torchvision_library.define(schema)
+
+
+def import_timm():
+    """timm, imported on a CPU build of torch (allow_torchvision_import)."""
+    allow_torchvision_import()
     import timm
 
     return timm

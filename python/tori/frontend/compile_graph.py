@@ -14,7 +14,7 @@ import torch.fx
 
 from tori.cache import compile_cache, compile_key
 from tori.config import Options
-from tori.errors import CompileError
+from tori.errors import CompileError, UnsupportedOpError
 from tori.frontend.importer import import_graph, to_bytecode
 from tori.frontend.records import GraphRecord
 from tori.frontend.repro import write_repro
@@ -105,7 +105,9 @@ def _compile_main_target(bytecode: bytes, invocation, options: Options, record: 
     try:
         return run_iree_compile(bytecode, invocation, graph=record.name, timeout_s=options.compile_timeout_s), invocation
     except CompileError as error:
-        if not record.codegen.flags_for(options.target) or "did not finish" in error.reason:
+        # An op IREE cannot lower, or a compile past its time limit, fails with any flags.
+        if isinstance(error, UnsupportedOpError) or not record.codegen.flags_for(options.target) \
+                or "did not finish" in error.reason:
             raise
         log.warning("tori: graph %s: iree-compile failed with the code generation flags for %s (%s); compiling "
                     "with IREE's defaults", record.name, record.codegen, error.reason)
