@@ -39,3 +39,4 @@ from tori.frontend.decomp import logical_reductions  # noqa: F401
 from tori.frontend.decomp import histogram  # noqa: F401
 from tori.frontend.decomp import qr  # noqa: F401
 from tori.frontend.decomp import spectral  # noqa: F401
+from tori.frontend.decomp import grouped_conv  # noqa: F401

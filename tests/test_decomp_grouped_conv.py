@@ -1,0 +1,60 @@
+"""Grouped and depthwise convolutions as taps of the padded input
+(tori/frontend/decomp/grouped_conv.py), compiled and compared with eager: strides,
+padding, dilation, channel multipliers, batches, float16, and gradients."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tori
+from tori.testing import assert_matches_eager
+
+CASES = {
+    # name: (in channels, out channels, kernel, stride, padding, dilation, groups, bias, batch, size)
+    "depthwise 3x3": (16, 16, 3, 1, 1, 1, 16, True, 2, 9),
+    "depthwise 7x7 ConvNeXt": (8, 8, 7, 1, 3, 1, 8, True, 1, 14),
+    "depthwise stride 2": (12, 12, 3, 2, 1, 1, 12, False, 3, 11),
+    "depthwise dilated": (6, 6, 3, 1, 2, 2, 6, True, 1, 10),
+    "channel multiplier": (4, 12, 3, 1, 0, 1, 4, True, 2, 8),
+    "grouped RegNet": (24, 24, 3, 1, 1, 1, 3, False, 1, 12),
+    "grouped stride 2 asymmetric": (8, 16, (3, 1), (2, 1), (1, 0), 1, 2, True, 2, 9),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_grouped_convolution_matches_eager(case):
+    cin, cout, kernel, stride, padding, dilation, groups, bias, batch, size = CASES[case]
+    conv = torch.nn.Conv2d(cin, cout, kernel, stride, padding, dilation, groups, bias).eval()
+    x = torch.randn(batch, cin, size, size + 1)
+    with torch.no_grad():
+        assert_matches_eager(conv, x, rtol=1e-4, atol=1e-5)
+    graph = tori.last_compile().graphs[0]
+    assert "aten.convolution" not in graph.stages["aten"]  # decomposed: no grouped convolution left
+
+
+def test_grouped_convolution_float16_and_gradients():
+    conv = torch.nn.Conv2d(8, 8, 3, padding=1, groups=4).half().eval()
+    x = torch.randn(1, 8, 6, 6).half()
+    with torch.no_grad():
+        assert_matches_eager(conv, x, rtol=2e-3, atol=2e-3)
+    depthwise = torch.nn.Conv2d(6, 6, 3, padding=1, groups=6)
+    x = torch.randn(2, 6, 5, 5, requires_grad=True)
+
+    def step(model, x):
+        out = model(x)
+        out.square().sum().backward()
+        return out
+
+    reference = step(depthwise, x)
+    expected = (x.grad.clone(), depthwise.weight.grad.clone())
+    x.grad = depthwise.weight.grad = depthwise.bias.grad = None
+    actual = step(torch.compile(depthwise, backend="tori", options={"fallback": "error"}), x)
+    torch.testing.assert_close(actual, reference, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close((x.grad, depthwise.weight.grad), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_ordinary_convolution_is_left_to_iree():
+    conv = torch.nn.Conv2d(3, 4, 3).eval()
+    with torch.no_grad():
+        assert_matches_eager(conv, torch.randn(1, 3, 8, 8), rtol=1e-4, atol=1e-5)
+    assert "aten.convolution" in tori.last_compile().graphs[0].stages["aten"]
