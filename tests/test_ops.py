@@ -207,7 +207,7 @@ OPS = [
     pytest.param(lambda x: x.float() * 2, (torch.rand(3, 4) > 0.5,), id="bool_to_float"),
     # half-precision compute
     pytest.param(lambda x, y: torch.tanh(x * y + 1), (randn(3, 4, dtype=torch.float16), randn(3, 4, dtype=torch.float16)),
-                 id="float16_elementwise"),
+                 id="float16_elementwise", marks=pytest.mark.tolerance(rtol=2e-3, atol=1e-5)),
     pytest.param(F.linear, (randn(3, 8, dtype=torch.float16), randn(4, 8, dtype=torch.float16), randn(4, dtype=torch.float16)),
                  id="float16_linear"),
     pytest.param(torch.matmul, (randn(3, 8, dtype=torch.bfloat16), randn(8, 4, dtype=torch.bfloat16)), id="bfloat16_matmul"),
@@ -228,9 +228,13 @@ OPS = [
 
 
 @pytest.mark.parametrize("fn, args", OPS)
-def test_op(fn, args):
+def test_op(fn, args, request):
+    # On a CPU with AVX512-FP16 LLVM contracts a float16 multiply-add into one fused
+    # instruction, rounded once where eager rounds twice: one float16 ulp apart
+    # (docs/limitations.md); such cases carry their tolerance.
+    marker = request.node.get_closest_marker("tolerance")
     with torch.no_grad():
-        assert_matches_eager(fn, *args)
+        assert_matches_eager(fn, *args, **(marker.kwargs if marker else {}))
 
 
 def _cross_entropy(logits, target):
