@@ -97,3 +97,14 @@ def test_cli_prints_the_table_and_writes_json_and_a_perfetto_trace(convnet_file,
     assert data["wall_us_per_call"] > 0
     assert {"name", "ops", "us_per_call", "gflops"} <= set(data["dispatches"][0])
     assert trace.stat().st_size > 1000  # Perfetto protobuf with the profiled dispatches
+
+
+def test_a_dispatch_run_per_layer_is_rated_per_invocation():
+    # Three identical layers: IREE runs one dispatch function for two of them.
+    torch.manual_seed(0)
+    model = nn.Sequential(*(m for _ in range(3) for m in (nn.Linear(256, 256), nn.Tanh()))).eval()
+    with torch.no_grad():
+        result = profile(model, torch.randn(64, 256), calls=4)
+    shared = next(d for d in result.dispatches if d.gflops is not None and d.invocations_per_call == 2)
+    work = contraction_gflop(shared.name) * 2  # per call
+    assert shared.gflops == pytest.approx(work / (shared.us_per_call * 1e-6), rel=1e-6)

@@ -53,6 +53,7 @@ class ProfileError(ToriError):
 class DispatchTime:
     name: str
     graph: str
+    invocations_per_call: float  # a dispatch function runs once per use (each layer's)
     ops: list[str]
     sources: list[str]  # user source lines of those ops ("model.py:12")
     us_per_call: float
@@ -204,8 +205,9 @@ def _run(command: list[str], what: str, timeout_s: float = 600.0) -> str:
     return done.stdout
 
 
-def _profile_graph(graph, args: list, calls: int, folder: Path) -> list[tuple[str, float]]:
-    """(dispatch, total ns over `calls` calls) of one graph's vmfb under IREE's profiler."""
+def _profile_graph(graph, args: list, calls: int, folder: Path) -> list[tuple[str, float, int]]:
+    """(dispatch function, total ns, invocations) over `calls` calls of one graph's vmfb
+    under IREE's profiler; a function runs once per use (a layer's matmul once per layer)."""
     module = folder / "module.vmfb"
     module.write_bytes(graph.stages["vmfb"])
     output = folder / "profile.ireeprof"
@@ -218,7 +220,7 @@ def _profile_graph(graph, args: list, calls: int, folder: Path) -> list[tuple[st
     for line in _run([_tool("iree-profile"), "statistics", "--format=jsonl", str(output)], "iree-profile").splitlines():
         row = json.loads(line)
         if row.get("row_type") == "host_execution_function" and row.get("function_name"):
-            rows.append((row["function_name"], float(row["total_duration_ns"])))
+            rows.append((row["function_name"], float(row["total_duration_ns"]), int(row["sample_count"])))
     return rows
 
 
@@ -276,7 +278,7 @@ def profile(fn: Callable, *inputs: Any, calls: int = 20, options: dict | None = 
         compiled(*inputs)
     wall_us = (time.perf_counter() - start) / calls * 1e6
     peak = gemm_peak_gflops()
-    times: list[tuple[str, str, float]] = []
+    times: list[tuple[str, str, float, int]] = []
     located: dict[str, DispatchSource] = {}
     outputs = []
     with tempfile.TemporaryDirectory(prefix="tori-profile-") as tmp:
@@ -285,19 +287,20 @@ def profile(fn: Callable, *inputs: Any, calls: int = 20, options: dict | None = 
                 continue  # not called by this input
             folder = Path(tmp) / str(index)
             folder.mkdir()
-            times += [(graph.name, name, ns) for name, ns in _profile_graph(graph, captured[graph.name], calls, folder)]
+            times += [(graph.name, *row) for row in _profile_graph(graph, captured[graph.name], calls, folder)]
             located.update(dispatch_ops(_flow_text(graph)))
             outputs.append(folder / "profile.ireeprof")
         if trace is not None:
             _trace(outputs, Path(trace))
-    total = sum(ns for _, _, ns in times) or 1.0
+    total = sum(t[2] for t in times) or 1.0
     dispatches = []
-    for graph_name, name, ns in sorted(times, key=lambda t: -t[2]):
+    for graph_name, name, ns, invocations in sorted(times, key=lambda t: -t[2]):
         us = ns / calls / 1e3
         source = located.get(name, DispatchSource([], [], False))
         gflop = contraction_gflop(name) if source.contraction else None
-        rate = gflop / (us * 1e-6) if gflop is not None and us > 0 else None
-        dispatches.append(DispatchTime(name, graph_name, source.ops, source.sources, us, ns / total, rate,
+        rate = gflop * invocations / (ns * 1e-9) if gflop is not None and ns > 0 else None
+        dispatches.append(DispatchTime(name, graph_name, invocations / calls, source.ops, source.sources, us,
+                                       ns / total, rate,
                                        rate / peak if rate is not None else None))
     return Profile(wall_us, total / calls / 1e3, peak, calls, [g.name for g in graphs], dispatches,
                    str(trace) if trace is not None else None)
