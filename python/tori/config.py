@@ -77,6 +77,9 @@ class Options:
     # "auto" picks IREE flags per graph and target from the table in targets/codegen.py;
     # "none" keeps IREE's defaults. Flags named in iree_flags take precedence.
     codegen: Codegen = Codegen.AUTO
+    # Inference on the CPU: parameters and buffers held by the module as globals, loaded
+    # once (their data-tiled packing then runs at load, not per call; frontend/resident.py).
+    resident_weights: bool = True
     # Extra flags appended to every iree-compile invocation.
     iree_flags: tuple[str, ...] = ()
     # tori pass pipeline applied at the `tori` stage (comma-separated pass names; "" runs none).
@@ -171,7 +174,7 @@ def _coerce(name: str, value: Any) -> Any:
         return None if value is None else Path(value)
     if name == "cache_dir":
         return Path(value).expanduser()
-    if name in ("dump_iree_phases", "dump_large_constants", "cache", "partition", "runtime_checks"):
+    if name in ("dump_iree_phases", "dump_large_constants", "cache", "partition", "runtime_checks", "resident_weights"):
         return _flag(name, value)
     if name == "cache_max_bytes":
         return _size(name, value)
@@ -239,6 +242,7 @@ ENVIRONMENT = {
     "TORI_DRIVER": "driver",
     "TORI_CPU": "cpu",
     "TORI_CODEGEN": "codegen",
+    "TORI_RESIDENT_WEIGHTS": "resident_weights",
     "TORI_IREE_FLAGS": "iree_flags",
     "TORI_PIPELINE": "pipeline",
     "TORI_REPRO_DIR": "repro_dir",

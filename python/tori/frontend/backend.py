@@ -26,6 +26,7 @@ from tori.frontend import graph_cache
 from tori.frontend.tensor_start_narrow import rewrite_tensor_start_narrows
 from tori.frontend.partition import compile_partitioned
 from tori.frontend.records import CompileRecord, GraphRecord, new_record
+from tori.frontend.resident import mutates
 from tori.frontend.repro import write_repro
 from tori.frontend.shape_variants import specialize
 from tori.stages import Stage
@@ -114,7 +115,7 @@ def _use_constants_as_literals(gm: torch.fx.GraphModule, constants: list[Assumed
         if origin is None:
             continue
         node = placeholders[index]
-        if any(_mutates(user, node) for user in node.users):
+        if any(mutates(user, node) for user in node.users):
             continue
         name = f"_tori_constant_{index}"
         gm.register_buffer(name, tensor)
@@ -124,13 +125,6 @@ def _use_constants_as_literals(gm: torch.fx.GraphModule, constants: list[Assumed
         literal.meta[ORIGIN] = origin
         node.replace_all_uses_with(literal)
     gm.recompile()
-
-
-def _mutates(user: torch.fx.Node, node: torch.fx.Node) -> bool:
-    schema = getattr(user.target, "_schema", None)
-    return schema is not None and any(
-        argument.alias_info is not None and argument.alias_info.is_write and value is node
-        for argument, value in zip(schema.arguments, user.args))
 
 
 class _PlainInference:

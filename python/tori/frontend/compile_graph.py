@@ -15,7 +15,8 @@ import torch.fx
 from tori.cache import compile_cache, compile_key
 from tori.config import Options
 from tori.errors import CompileError, UnsupportedOpError
-from tori.frontend.importer import import_graph, to_bytecode
+from tori.frontend.importer import import_graph, new_importer, to_bytecode
+from tori.frontend.resident import make_resident, resident_args, with_resident
 from tori.frontend.records import GraphRecord
 from tori.frontend.repro import write_repro
 from tori.passes import PassError, run_pipeline
@@ -46,7 +47,13 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
     invocation = None
     try:
         check_element_types(gm, record.name)
-        module, signature = import_graph(gm, graph_name=record.name)
+        resident = resident_args(gm, record.kind, options, static_args, inspecting)
+        if resident:
+            source, hooks = make_resident(gm, resident)
+            module, signature = import_graph(source, graph_name=record.name, importer=new_importer(hooks))
+            signature = with_resident(signature, resident)
+        else:
+            module, signature = import_graph(gm, graph_name=record.name)
         record.stages[Stage.TORCH] = str(module)
         if options.pipeline:
             record.passes = [run if inspecting else replace(run, ir_after=None) for run in
@@ -67,7 +74,8 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
         if inspecting:
             record.iree_input = str(module)
         if vmfbs is None:
-            bytecode = to_bytecode(module)
+            # IREE's own ops (the globals of resident weights) parse only in IREE's context: text then.
+            bytecode = module.operation.get_asm(enable_debug_info=True).encode() if resident else to_bytecode(module)
             others = OtherTargets(bytecode, options, record.name, record.stages[Stage.TORI], record.codegen)  # meanwhile
             vmfb, invocation = _compile_main_target(bytecode, invocation, options, record)
             record.iree_bytecode, record.iree_invocation = bytecode, invocation

@@ -16,6 +16,9 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 class ArgKind(enum.Enum):
     TENSOR = "tensor"
     STATIC_TENSOR = "static tensor"  # a parameter or buffer: the same tensor on every call
+    # A parameter or buffer the module holds as a global (frontend/resident.py): not
+    # passed; the runtime checks it is unchanged and reloads the module otherwise.
+    RESIDENT = "resident"
     WRITTEN_TENSOR = "written tensor"  # a tensor IREE may write into: passed as a copy
     INT = "int"
     FLOAT = "float"

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 
 import iree.runtime as rt
+import numpy as np
 import torch
 from torch.utils.dlpack import to_dlpack
 
@@ -78,10 +79,16 @@ class CompiledGraph:
         self._results = tuple((r.index, r.value, r.dtype) for r in signature.results)
         self._num_results = signature.num_iree_results
         self._vmfb = vmfb
-        self._modules = {d: LoadedModule(vmfb, d, device_index=device_index) for d in drivers}
+        # Resident weights (frontend/resident.py): the modules are loaded with the tensors
+        # of the first call, and again whenever one of them changes.
+        self._resident = tuple(i for i, kind in enumerate(signature.args) if kind is ArgKind.RESIDENT)
+        self._loaded_weights: tuple = ()
+        self._load_lock = threading.Lock()
+        self._modules = {} if self._resident else {d: LoadedModule(vmfb, d, device_index=device_index) for d in drivers}
+        self._drivers = tuple(drivers)
         if len(drivers) == 1:
             self.driver_choice = DriverChoice(drivers[0], "set by the 'driver' option")
-            self._active = self._modules[drivers[0]]
+            self._active = self._modules.get(drivers[0])
             self._call = self._call_active
         else:
             self.driver_choice = None
@@ -99,11 +106,46 @@ class CompiledGraph:
     _boxed_call = True
 
     def __call__(self, args):
+        if self._resident and not self._weights_current(args):
+            self._load_weights(args)
         return self._call(args)
 
     def run(self, *args):
         """Call with positional arguments, as the ATen graph's placeholders are ordered."""
-        return self._call(args)
+        return self(args)
+
+    def _weights_current(self, args) -> bool:
+        loaded = self._loaded_weights
+        if not loaded:
+            return False
+        for (i, tensor, version, address) in loaded:
+            value = args[i]
+            if value is not tensor or value._version != version or value.data_ptr() != address:
+                return False
+        return True
+
+    def _load_weights(self, args) -> None:
+        """(Re)load the module with the resident tensors of `args` as its parameters."""
+        from tori.frontend.resident import SCOPE, parameter_name
+
+        with self._load_lock:
+            if self._weights_current(args):
+                return  # another thread loaded them meanwhile
+            index = rt.ParameterIndex()
+            arrays = []
+            for i in self._resident:
+                value = args[i].detach()
+                array = value.contiguous().reshape(-1).view(torch.uint8).numpy() if value.numel() else \
+                    np.zeros(0, np.uint8)
+                arrays.append(array)
+                index.add_buffer(parameter_name(i), array)
+            drivers = tuple(self._modules) or self._drivers
+            self._modules = {d: LoadedModule(self._vmfb, d, device_index=self._device_index, parameters=index,
+                                             scope=SCOPE) for d in drivers}
+            if self.driver_choice is not None:
+                self._active = self._modules[self.driver_choice.driver]
+            self._weight_arrays = arrays  # the host memory the parameters were read from
+            self._loaded_weights = tuple((i, args[i], args[i]._version, args[i].data_ptr()) for i in self._resident)
 
     def _call_active(self, args):
         counters.compiled_calls += 1
@@ -199,7 +241,7 @@ class CompiledGraph:
                 packed.push_ref(buffer)
             elif kind is ArgKind.INT:
                 packed.push_int(int(value))
-            else:
+            elif kind is ArgKind.FLOAT:
                 packed.push_float(float(value))
         if self._seed is not None:
             packed.push_ref(self._seed.buffer(module.device))

@@ -13,14 +13,19 @@ class LoadedModule:
 
     __slots__ = ("driver", "device", "_context", "_function", "_vm_module")
 
-    def __init__(self, vmfb: bytes, driver: str, function: str = "main", device_index: int | None = None):
+    def __init__(self, vmfb: bytes, driver: str, function: str = "main", device_index: int | None = None,
+                 parameters: rt.ParameterIndex | None = None, scope: str = ""):
+        """`parameters`: the values of the module's parameter globals (in `scope`), read
+        by its initializers as the context is created."""
         self.driver = driver
         self.device = device(driver, device_index)
         instance = vm_instance()
         try:
-            hal = rt.create_hal_module(instance, self.device)
+            modules = [rt.create_hal_module(instance, self.device)]
+            if parameters is not None:
+                modules.append(rt.create_io_parameters_module(instance, parameters.create_provider(scope=scope)))
             self._vm_module = rt.VmModule.copy_buffer(instance, vmfb)
-            self._context = rt.VmContext(instance, [hal, self._vm_module])
+            self._context = rt.VmContext(instance, [*modules, self._vm_module])
         except Exception as error:
             raise ToriRuntimeError(f"could not load the compiled module on '{driver}': {error}") from error
         self._function = self._vm_module.lookup_function(function)

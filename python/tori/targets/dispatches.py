@@ -54,5 +54,20 @@ def count_dispatches(module: ir.Module | bytes, *, target: Target = Target.CPU, 
                      flags: tuple[str, ...] = (), timeout_s: float = 600.0) -> Dispatches:
     """The dispatches IREE forms for `module` (torch dialect, as an ir.Module or
     its bytecode) compiled for `target` with the extra `flags`."""
-    text = flow_ir(module, target=target, cpu=cpu, flags=flags, timeout_s=timeout_s)
+    return dispatches_of(flow_ir(module, target=target, cpu=cpu, flags=flags, timeout_s=timeout_s))
+
+
+def recorded_flow_ir(graph, extra: tuple[str, ...] = (), timeout_s: float = 900.0) -> str | None:
+    """The flow phase of a graph tori compiled, from the input and flags its compile
+    recorded (`GraphRecord.iree_bytecode`, `.iree_invocation`: the code generation
+    strategy's flags and resident weights included); None for a graph served from the
+    cache."""
+    if graph.iree_bytecode is None or graph.iree_invocation is None:
+        return None
+    flags = tuple(f for f in graph.iree_invocation.flags if not f.startswith("--dump-compilation-phases-to"))
+    invocation = IreeInvocation((*flags, "--compile-to=flow", *extra))
+    return run_iree_compile(graph.iree_bytecode, invocation, graph=f"{graph.name}-flow", timeout_s=timeout_s).decode()
+
+
+def dispatches_of(text: str) -> Dispatches:
     return Dispatches(tuple(f"{m.group(1)}::{m.group(2)}" for m in _DISPATCH.finditer(text)), text)

@@ -177,10 +177,20 @@ def _inputs(graph, args: list, folder: Path) -> list[str]:
     graph with random ops included)."""
     from tori.frontend.signature import ArgKind
 
-    values = list(args)
-    if ArgKind.SEED in graph.compiled.signature.args:
+    from tori.frontend.resident import SCOPE, parameter_name
+    from tori.runtime.artifact import write_parameters
+
+    kinds = graph.compiled.signature.args
+    resident = {parameter_name(i): args[i] for i, kind in enumerate(kinds) if kind is ArgKind.RESIDENT}
+    values = [a for a, kind in zip(args, kinds) if kind is not ArgKind.RESIDENT]
+    if ArgKind.SEED in kinds:
         values.append(torch.tensor(0, dtype=torch.int64))
     flags = []
+    if resident:  # the module's parameter globals, from an archive of the call's tensors
+        archive = folder / "parameters.irpa"
+        write_parameters(archive, {name: t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
+                                   for name, t in resident.items()})
+        flags.append(f"--parameters={SCOPE}={archive}")
     for index, value in enumerate(values):
         if isinstance(value, torch.Tensor):
             path = folder / f"input_{index}.npy"
@@ -225,11 +235,9 @@ def _profile_graph(graph, args: list, calls: int, folder: Path) -> list[tuple[st
 
 
 def _flow_text(graph) -> str:
-    from tori.targets.iree_compile import IreeInvocation, run_iree_compile
+    from tori.targets.dispatches import recorded_flow_ir
 
-    flags = [f for f in graph.iree_invocation.flags if not f.startswith("--dump-compilation-phases-to")]
-    invocation = IreeInvocation((*flags, "--compile-to=flow", "--mlir-print-debuginfo"))
-    return run_iree_compile(graph.iree_bytecode, invocation, graph=f"{graph.name}-profile", timeout_s=900).decode()
+    return recorded_flow_ir(graph, ("--mlir-print-debuginfo",))
 
 
 def _trace(outputs: list[Path], path: Path) -> None:

@@ -1,0 +1,107 @@
+"""Resident weights: in inference on the CPU, a graph's parameters and buffers become
+IREE globals initialised from a parameter index when the module is loaded, instead of
+arguments of every call.
+
+IREE hoists what is computed from immutable globals into the module's initializer:
+with data tiling, the packing of each weight into the matmul's tiled layout then runs
+once per load, not once per call (it was 17% of DeiT-small's and 22% of BERT's
+dispatch time, docs/performance.md). The runtime (tori.runtime.compiled_graph) checks
+on each call that every resident tensor is the one loaded, unchanged (same tensor,
+storage and version), and reloads the module with the current values otherwise.
+"""
+
+from __future__ import annotations
+
+from copy import deepcopy
+
+import torch
+import torch.fx
+
+from tori.aot.parameters import BUILTIN_ELEMENT, ExternalParameters
+from tori.config import Options
+from tori.targets import Target
+from tori.targets.build import compiled_targets
+
+SCOPE = "model"  # tori.runtime.artifact.PARAMETER_SCOPE: the scope ExternalParameters names
+
+
+def parameter_name(index: int) -> str:
+    return f"arg{index}"
+
+
+def mutates(user: torch.fx.Node, node: torch.fx.Node) -> bool:
+    """Whether `user` writes `node` (an argument its schema marks as written)."""
+    schema = getattr(user.target, "_schema", None)
+    return schema is not None and any(
+        argument.alias_info is not None and argument.alias_info.is_write and value is node
+        for argument, value in zip(schema.arguments, user.args))
+
+
+def resident_args(gm: torch.fx.GraphModule, kind: str, options: Options, static_args: frozenset[int],
+                  inspecting: bool) -> frozenset[int]:
+    """The inputs of `gm` that are kept in the module: parameters and buffers of an
+    inference graph compiled for the CPU alone, of a dtype IREE globals hold and of
+    static shape, that the graph neither writes nor returns."""
+    if not options.resident_weights or kind != "inference" or not static_args or inspecting \
+            or compiled_targets(options) != (Target.CPU,):
+        return frozenset()
+    if any(n.op == "call_function" and isinstance(n.target, torch._ops.HigherOrderOperator) for n in gm.graph.nodes):
+        return frozenset()  # FxImporter imports a literal passed into a subgraph twice
+    output = next(n for n in reversed(gm.graph.nodes) if n.op == "output")
+    returned = set(output.all_input_nodes)
+    # Inputs AOTAutograd writes back after the call (BatchNorm's running statistics in
+    # training mode under no_grad): a global would be stale at once.
+    context = torch._guards.TracingContext.try_get()
+    meta = context.fw_metadata if context is not None else None
+    written = {i for i, info in enumerate(meta.input_info) if info.mutates_data or info.mutates_metadata} \
+        if meta is not None else set()
+    chosen = set()
+    for index, node in enumerate(gm.graph.find_nodes(op="placeholder")):
+        value = node.meta.get("val")
+        if index not in static_args or index in written or not isinstance(value, torch.Tensor) \
+                or value.dtype not in BUILTIN_ELEMENT:
+            continue
+        if not all(isinstance(d, int) for d in value.shape) or node in returned or not node.users:
+            continue
+        if any(mutates(user, node) for user in node.users):
+            continue
+        chosen.add(index)
+    return frozenset(chosen)
+
+
+def with_resident(signature, indices: frozenset[int]):
+    """The signature of the graph before `make_resident`: its resident inputs back in
+    their places, as ArgKind.RESIDENT."""
+    from dataclasses import replace
+
+    from tori.frontend.signature import ArgKind
+
+    args = list(signature.args)
+    for index in sorted(indices):
+        args.insert(index, ArgKind.RESIDENT)
+    return replace(signature, args=tuple(args))
+
+
+def make_resident(gm: torch.fx.GraphModule, indices: frozenset[int]) -> tuple[torch.fx.GraphModule, ExternalParameters]:
+    """A copy of `gm` in which each input in `indices` is read from a global (the
+    FxImporter hooks that declare them), its placeholder removed."""
+    copy = torch.fx.GraphModule(gm, deepcopy(gm.graph))
+    hooks = ExternalParameters()
+    placeholders = copy.graph.find_nodes(op="placeholder")
+    first_use = next(n for n in copy.graph.nodes if n.op != "placeholder")
+    for index, node in enumerate(placeholders):
+        if index not in indices:
+            continue
+        value = node.meta["val"]
+        # Only shape and dtype reach the module: the values come at load time.
+        stand_in = torch.empty(value.shape, dtype=value.dtype, device="meta")
+        name = parameter_name(index)
+        copy.register_buffer(f"_tori_resident_{index}", stand_in)
+        hooks.add(stand_in, name)
+        with copy.graph.inserting_before(first_use):
+            literal = copy.graph.get_attr(f"_tori_resident_{index}")
+        literal.meta = dict(node.meta)
+        node.replace_all_uses_with(literal)
+        copy.graph.erase_node(node)
+    copy.recompile()
+    return copy, hooks
