@@ -60,3 +60,27 @@ def test_buffers_that_the_graph_writes_stay_arguments():
     # x, then the written num_batches_tracked, running mean and variance, then weight and bias
     assert ArgKind.RESIDENT not in kinds[:4]
     assert kinds[4:6] == (ArgKind.RESIDENT, ArgKind.RESIDENT)
+
+
+class _Tied(nn.Module):
+    """An embedding whose weight is also the output projection (GPT-2's tied LM head),
+    and a scale the graph multiplies by itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(50, 16)
+        self.scale = nn.Parameter(torch.rand(16) + 0.5)
+
+    def forward(self, ids):
+        hidden = self.embed(ids) * (self.scale * self.scale)
+        return hidden @ self.embed.weight.t()
+
+
+def test_a_weight_used_twice_is_resident_and_one_used_twice_by_one_op_is_passed():
+    torch.manual_seed(0)
+    model, ids = _Tied().eval(), torch.randint(0, 50, (2, 7))
+    with torch.no_grad():
+        assert_matches_eager(model, ids, options={"cache": False}, rtol=1e-5, atol=1e-5)
+    kinds = tori.last_compile().graphs[0].compiled.signature.args
+    assert kinds.count(ArgKind.RESIDENT) == 1  # the tied weight; the squared scale stays an argument
+    assert tori.last_compile().graphs[0].stages["tori"].count("#stream.parameter.named") == 1

@@ -65,6 +65,11 @@ def resident_args(gm: torch.fx.GraphModule, kind: str, options: Options, static_
             continue
         if any(mutates(user, node) for user in node.users):
             continue
+        # FxImporter binds a get_attr node's value at each reference and refuses a second:
+        # each use gets a get_attr node of its own, which an op naming the tensor twice defeats.
+        if any(sum(arg is node for arg in user.all_input_nodes) > 1 or
+               len([a for a in (*user.args, *user.kwargs.values()) if a is node]) > 1 for user in node.users):
+            continue
         chosen.add(index)
     return frozenset(chosen)
 
@@ -98,10 +103,11 @@ def make_resident(gm: torch.fx.GraphModule, indices: frozenset[int]) -> tuple[to
         name = parameter_name(index)
         copy.register_buffer(f"_tori_resident_{index}", stand_in)
         hooks.add(stand_in, name)
-        with copy.graph.inserting_before(first_use):
-            literal = copy.graph.get_attr(f"_tori_resident_{index}")
-        literal.meta = dict(node.meta)
-        node.replace_all_uses_with(literal)
+        for user in list(node.users):  # one get_attr per use: FxImporter binds each once
+            with copy.graph.inserting_before(first_use):
+                literal = copy.graph.get_attr(f"_tori_resident_{index}")
+            literal.meta = dict(node.meta)
+            user.replace_input_with(node, literal)
         copy.graph.erase_node(node)
     copy.recompile()
     return copy, hooks
