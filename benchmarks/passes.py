@@ -48,24 +48,19 @@ HEADER = ("| model | dispatches without | dispatches with | eager ms | tori ms w
           "| tori ms with (vs eager) | speedup from the pass |\n|---|---|---|---|---|---|---|")
 
 
-def dispatch_count(tori_ir: str) -> int:
-    from torch_mlir import ir
-
-    from tori.frontend.importer import new_context
-    from tori.targets.dispatches import count_dispatches
-
-    return count_dispatches(ir.Module.parse(tori_ir, context=new_context())).count
-
-
 def compiled(model: torch.nn.Module, inputs: tuple, expected: torch.Tensor, pipeline: str):
-    """The model compiled with `pipeline`, checked against eager, warmed up; and its tori-stage IR."""
+    """The model compiled with `pipeline`, checked against eager, warmed up; its tori-stage
+    IR and its dispatch count as compiled."""
+    from tori.targets.dispatches import graph_dispatch_count
+
     torch._dynamo.reset()
     fn = torch.compile(model, backend="tori", options={"pipeline": pipeline, "fallback": "error"})
     torch.testing.assert_close(fn(*inputs), expected, rtol=RTOL, atol=ATOL)
-    tori_ir = tori.last_compile().stages[Stage.TORI]
+    record = tori.last_compile()
+    dispatches = sum(graph_dispatch_count(g, record.options) for g in record.graphs if g.compiled is not None)
     for _ in range(WARMUP_CALLS):
         fn(*inputs)
-    return fn, tori_ir
+    return fn, record.stages[Stage.TORI], dispatches
 
 
 def measure(pass_name: str, model_name: str, base: str, seconds: float) -> PassFigures:
@@ -74,11 +69,11 @@ def measure(pass_name: str, model_name: str, base: str, seconds: float) -> PassF
     with_pipeline = f"{base}, {pass_name}" if base else pass_name
     with torch.no_grad():
         expected = model(*inputs)
-        without_fn, without_ir = compiled(model, inputs, expected, base)
-        with_fn, with_ir = compiled(model, inputs, expected, with_pipeline)
+        without_fn, without_ir, without_dispatches = compiled(model, inputs, expected, base)
+        with_fn, with_ir, with_dispatches = compiled(model, inputs, expected, with_pipeline)
         times = time_interleaved({"eager": model, "without": without_fn, "with": with_fn}, inputs, seconds)
     ms = {name: statistics.median(samples) * 1e3 for name, samples in times.items()}
-    return PassFigures(model_name, dispatch_count(without_ir), dispatch_count(with_ir),
+    return PassFigures(model_name, without_dispatches, with_dispatches,
                        ms["eager"], ms["without"], ms["with"], with_ir != without_ir)
 
 

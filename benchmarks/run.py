@@ -33,13 +33,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import tori  # noqa: E402
-from torch_mlir import ir  # noqa: E402
 
-from tori.frontend.importer import new_context  # noqa: E402
-from tori.passes.lower_dialect import lower_for_iree  # noqa: E402
 from tori.runtime.compiled_graph import SETTLED_AFTER_CALLS  # noqa: E402
 from tori.stages import Stage  # noqa: E402
-from tori.targets.dispatches import count_dispatches  # noqa: E402
+from tori.targets.dispatches import graph_dispatch_count  # noqa: E402
 from models import MODELS  # noqa: E402
 import warm_start  # noqa: E402
 
@@ -149,19 +146,11 @@ def _tori_outcome(before: tori.stats.Counters, records: list[tori.CompileRecord]
     result.driver = ",".join(sorted(drivers)) or None
     compiled = [(r.options, g) for r in records for g in r.graphs if g.compiled is not None]
     if compiled and all(Stage.TORI in g.stages for _, g in compiled):
-        result.dispatches = sum(dispatch_count(g.stages[Stage.TORI], options) for options, g in compiled)
+        result.dispatches = sum(graph_dispatch_count(g, options) for options, g in compiled)
     if delta.fallback_graphs or delta.fallback_calls or not delta.compiled_calls:
         errors = _compile_errors(records)
         reason = _first_line(errors[0]) if errors else "no call ran compiled"
         result.fallback = f"{delta.fallback_graphs} graph(s) and {delta.fallback_calls} call(s) ran in eager: {reason}"
-
-
-def dispatch_count(tori_ir: str, options: tori.Options | None = None) -> int:
-    """The dispatches IREE forms for a `tori`-stage module, compiled as `options` say."""
-    options = options or tori.Options()
-    module = ir.Module.parse(tori_ir, context=new_context())
-    lower_for_iree(module)
-    return count_dispatches(module, target=options.target, cpu=options.cpu, flags=options.iree_flags).count
 
 
 def prepare(name: str, model: torch.nn.Module, inputs: tuple, expected: torch.Tensor) -> tuple[Callable | None, Measurement]:

@@ -71,3 +71,18 @@ def recorded_flow_ir(graph, extra: tuple[str, ...] = (), timeout_s: float = 900.
 
 def dispatches_of(text: str) -> Dispatches:
     return Dispatches(tuple(f"{m.group(1)}::{m.group(2)}" for m in _DISPATCH.finditer(text)), text)
+
+
+def graph_dispatch_count(graph, options) -> int:
+    """The dispatches of a compiled graph (a GraphRecord): as its compile formed them
+    where it recorded its input, else from its `tori` stage compiled as `options` say."""
+    from tori.frontend.importer import new_context
+    from tori.passes.lower_dialect import lower_for_iree
+    from tori.stages import Stage
+
+    recorded = recorded_flow_ir(graph)
+    if recorded is not None:
+        return dispatches_of(recorded).count
+    module = ir.Module.parse(graph.stages[Stage.TORI], context=new_context())
+    lower_for_iree(module)
+    return count_dispatches(module, target=options.target, cpu=options.cpu, flags=options.iree_flags).count

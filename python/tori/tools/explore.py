@@ -77,26 +77,12 @@ def _max_error(actual: Any, expected: Any) -> float:
 
 
 def _dispatches(records: list[CompileRecord], options: Options) -> int | None:
-    from torch_mlir import ir
+    from tori.targets.dispatches import graph_dispatch_count
 
-    from tori.frontend.importer import new_context
-    from tori.passes.lower_dialect import lower_for_iree
-    from tori.stages import Stage
-    from tori.targets.dispatches import count_dispatches, dispatches_of, recorded_flow_ir
-
-    total = 0
     graphs = [g for r in records for g in r.graphs if g.compiled is not None]
     if not graphs:
         return None
-    for graph in graphs:
-        recorded = recorded_flow_ir(graph)  # as compiled: code generation flags and resident weights
-        if recorded is not None:
-            total += dispatches_of(recorded).count
-            continue
-        module = ir.Module.parse(graph.stages[Stage.TORI], context=new_context())
-        lower_for_iree(module)
-        total += count_dispatches(module, target=options.target, cpu=options.cpu, flags=options.iree_flags).count
-    return total
+    return sum(graph_dispatch_count(graph, options) for graph in graphs)
 
 
 def _prepare(model: Callable, inputs: tuple, expected: Any, variant: Variant,

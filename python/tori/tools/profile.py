@@ -279,7 +279,11 @@ def profile(fn: Callable, *inputs: Any, calls: int = 20, options: dict | None = 
         compiled(*inputs)
     finally:
         restore()
-    for _ in range(3):
+    # Past the driver trial (driver="auto" alternates local-sync and local-task on the
+    # first calls): the wall time and the profiled driver are those of the choice.
+    from tori.runtime.compiled_graph import TRIAL_CALLS_PER_DRIVER
+
+    for _ in range(2 * TRIAL_CALLS_PER_DRIVER + 1):
         compiled(*inputs)
     start = time.perf_counter()
     for _ in range(calls):
