@@ -84,3 +84,18 @@ def test_a_weight_used_twice_is_resident_and_one_used_twice_by_one_op_is_passed(
     kinds = tori.last_compile().graphs[0].compiled.signature.args
     assert kinds.count(ArgKind.RESIDENT) == 1  # the tied weight; the squared scale stays an argument
     assert tori.last_compile().graphs[0].stages["tori"].count("#stream.parameter.named") == 1
+
+
+def test_dispatches_count_alike_from_the_recorded_compile_and_from_the_stage_text():
+    # A graph served from the compile cache has no recorded input: its `tori` stage, with
+    # the resident weights' util.global ops, is compiled to count its dispatches instead.
+    from tori.targets.dispatches import graph_dispatch_count
+
+    model, x = _mlp(), torch.randn(4, 64)
+    with torch.no_grad():
+        assert_matches_eager(model, x, options={"cache": False})
+    record = tori.last_compile()
+    graph = record.graphs[0]
+    recorded = graph_dispatch_count(graph, record.options)
+    graph.iree_bytecode = None
+    assert graph_dispatch_count(graph, record.options) == recorded >= 1

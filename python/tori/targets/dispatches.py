@@ -83,6 +83,13 @@ def graph_dispatch_count(graph, options) -> int:
     recorded = recorded_flow_ir(graph)
     if recorded is not None:
         return dispatches_of(recorded).count
-    module = ir.Module.parse(graph.stages[Stage.TORI], context=new_context())
+    # Served from the cache: its `tori` stage, with the flags of its code generation.
+    text = graph.stages[Stage.TORI]
+    context = new_context()
+    globals_ = "util.global" in text  # resident weights: IREE's ops, parsed only as text there
+    context.allow_unregistered_dialects = globals_
+    module = ir.Module.parse(text, context=context)
     lower_for_iree(module)
-    return count_dispatches(module, target=options.target, cpu=options.cpu, flags=options.iree_flags).count
+    chosen = graph.codegen.flags_for(options.target) if graph.codegen is not None else ()
+    source = str(module).encode() if globals_ else module
+    return count_dispatches(source, target=options.target, cpu=options.cpu, flags=chosen + options.iree_flags).count
