@@ -19,10 +19,10 @@ import torch.fx
 
 from tori.aot.parameters import BUILTIN_ELEMENT, ExternalParameters
 from tori.config import Options
+from tori.runtime.artifact import PARAMETER_SCOPE as SCOPE  # the scope ExternalParameters names
 from tori.targets import Target
 from tori.targets.build import compiled_targets
 
-SCOPE = "model"  # tori.runtime.artifact.PARAMETER_SCOPE: the scope ExternalParameters names
 
 
 def parameter_name(index: int) -> str:
