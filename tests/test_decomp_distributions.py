@@ -15,7 +15,7 @@ HALF_N = 100_000
 def _compile_and_run(fn, *args):
     """fn compiled with fallback='error', its outputs and eager's; every graph ran compiled."""
     torch._dynamo.reset()
-    compiled = torch.compile(fn, backend="tori", options={"fallback": "error"})
+    compiled = torch.compile(fn, backend="tori", fullgraph=True, options={"fallback": "error"})
     with count_graphs() as count:
         actual = compiled(*args)
     assert count.compiled_graphs >= 1 and count.compiled_calls >= 1, count.delta

@@ -19,7 +19,7 @@ CHEBYSHEV = [special.chebyshev_polynomial_t, special.chebyshev_polynomial_u, spe
 def _compiled(fn, *args):
     """fn(*args) compiled by tori with fallback='error', checked to have run compiled."""
     torch._dynamo.reset()
-    compiled = torch.compile(fn, backend="tori", options={"fallback": "error"})
+    compiled = torch.compile(fn, backend="tori", fullgraph=True, options={"fallback": "error"})
     with count_graphs() as count:
         out = compiled(*args)
     assert count.compiled_graphs == 1 and count.compiled_calls == 1 and count.fallback_calls == 0, count.delta

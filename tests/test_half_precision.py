@@ -12,7 +12,7 @@ from tori.testing import count_graphs
 def _compiled(fn, *args):
     torch._dynamo.reset()
     with count_graphs() as count:
-        result = torch.compile(fn, backend="tori", options={"fallback": "error"})(*args)
+        result = torch.compile(fn, backend="tori", fullgraph=True, options={"fallback": "error"})(*args)
     assert count.compiled_graphs == 1 and count.compiled_calls == 1 and count.fallback_graphs == 0
     return result
 

@@ -71,12 +71,18 @@ def assert_matches_eager(
     atol: float | None = None,
     calls: int = 1,
     check_dtype: bool = True,
+    fullgraph: bool = True,
 ) -> Any:
     """Compile `fn` with tori (fallback='error'), check every call against eager,
-    and assert that at least one graph compiled and every call ran compiled."""
+    and assert that at least one graph compiled and every call ran compiled.
+
+    `fullgraph=True` (the default) makes a graph break an error: without it, an op
+    Dynamo cannot capture runs in eager Python between compiled graphs and the
+    check still passes. A test that expects a break passes `fullgraph=False`."""
     torch._dynamo.reset()
     expected = fn(*_clone(args))
-    compiled = torch.compile(fn, backend="tori", options={"fallback": "error", **(options or {})}, dynamic=dynamic)
+    compiled = torch.compile(fn, backend="tori", options={"fallback": "error", **(options or {})}, dynamic=dynamic,
+                             fullgraph=fullgraph)
     with count_graphs() as count:
         for _ in range(calls):
             actual = compiled(*_clone(args))

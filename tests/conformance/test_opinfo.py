@@ -1,6 +1,7 @@
-"""A fixed slice of PyTorch's OpInfo database through tori with fallback='error'
-(`make conformance` runs every op): each op must agree with the committed
-expected-failures list, which only shrinks."""
+"""PyTorch's OpInfo database through tori with fallback='error' (`make conformance`
+runs every op): every op on the committed expected-failures list, and a fixed slice
+of the others, must agree with that list, which only shrinks: a listed op that
+passes, or fails another way than listed, fails here."""
 
 from __future__ import annotations
 
@@ -19,11 +20,16 @@ from tori.conformance.runner import run_ops  # noqa: E402
 EVERY = {"float32": 7, "float16": 15}
 
 
-def _slice(dtype: str) -> list[str]:
-    return sorted(ops_for(DTYPES[dtype]))[::EVERY[dtype]]
+def _listed(dtype: str) -> list[str]:
+    return sorted(expectations.load(EXPECTED).get(dtype, {}))
 
 
-CASES = [(dtype, op) for dtype in EVERY for op in _slice(dtype)]
+def _cases(dtype: str) -> list[str]:
+    """The slice, and every op listed as failing in `dtype`."""
+    return sorted(set(sorted(ops_for(DTYPES[dtype]))[::EVERY[dtype]]) | set(_listed(dtype)))
+
+
+CASES = [(dtype, op) for dtype in EVERY for op in _cases(dtype)]
 
 
 @pytest.fixture(scope="module")
@@ -33,11 +39,11 @@ def expected():
 
 @pytest.fixture(scope="module")
 def outcomes():
-    """Every case of the slice, checked in two worker processes (a compiler crash
-    costs one op, not the test session)."""
+    """Every case, checked in two worker processes (a compiler crash costs one op, not
+    the test session)."""
     found = {}
     for dtype in EVERY:
-        for outcome in run_ops(_slice(dtype), dtype, jobs=2, timeout_s=300):
+        for outcome in run_ops(_cases(dtype), dtype, jobs=2, timeout_s=300):
             found[dtype, outcome.op] = outcome
     return found
 
@@ -49,8 +55,9 @@ def test_opinfo_slice(outcomes, expected, dtype, op):
     assert problem is None, problem
 
 
-def test_the_slice_compiles_most_ops_natively(outcomes):
-    counted = [o for o in outcomes.values() if o.status is not Status.SKIP]
+def test_the_slice_compiles_most_ops_natively(outcomes, expected):
+    listed = {(dtype, op) for dtype, ops in expected.items() for op in ops}
+    counted = [o for key, o in outcomes.items() if o.status is not Status.SKIP and key not in listed]
     passed = [o for o in counted if o.status is Status.PASS]
     assert len(counted) >= 100
     assert len(passed) / len(counted) >= 0.75, expectations.summary_table(list(outcomes.values()))
@@ -63,19 +70,47 @@ def test_every_expected_failure_names_an_op_with_that_dtype_and_a_reason(expecte
         for op, reason in ops.items():
             assert op in database, f"[{dtype}] {op}: no such OpInfo entry"
             assert database[op].supports_dtype(DTYPES[dtype], "cpu"), f"[{dtype}] {op}: the op has no {dtype}"
-            assert reason.strip(), f"[{dtype}] {op}: no reason given"
+            kind = expectations.listed_kind(reason)
+            assert kind is not None, (f"[{dtype}] {op}: the reason must start with the kind of failure, one of "
+                                      f"{expectations.failure_kinds()}: {reason!r}")
+            assert reason.split(":", 1)[1].strip(), f"[{dtype}] {op}: no reason after the kind"
 
 
-def test_the_list_only_shrinks():
-    listed = {"float32": {"sort": "compile: no lowering"}}
-    fixed = Outcome("sort", "float32", Status.PASS)
-    broken = Outcome("abs", "float32", Status.FAIL, Kind.MISMATCH, "output[0] differs")
-    still_failing = Outcome("sort", "float32", Status.FAIL, Kind.COMPILE, "no lowering")
-    skipped = Outcome("item", "float32", Status.SKIP, Kind.EAGER)
-    assert "passes now" in expectations.unexpected(fixed, listed)
-    assert "fails [mismatch]" in expectations.unexpected(broken, listed)
-    assert expectations.unexpected(still_failing, listed) is None
-    assert expectations.unexpected(skipped, listed) is None
+def test_every_listed_op_is_checked(expected):
+    for dtype, ops in expected.items():
+        assert dtype in EVERY, f"[{dtype}] is listed but not checked by the suite"
+        assert set(ops) <= set(_cases(dtype))
+
+
+def test_the_real_list_only_shrinks_and_keeps_its_kinds(expected):
+    """unexpected() on the committed list: each listed op passing, failing as listed,
+    and failing each other way; and an op off the list failing."""
+    for dtype, ops in expected.items():
+        unlisted = next(op for op in sorted(ops_for(DTYPES[dtype])) if op not in ops)
+        assert "fails [mismatch]" in expectations.unexpected(
+            Outcome(unlisted, dtype, Status.FAIL, Kind.MISMATCH, "output[0] differs"), expected)
+        assert expectations.unexpected(Outcome(unlisted, dtype, Status.PASS), expected) is None
+        for op, reason in ops.items():
+            kind = expectations.listed_kind(reason)
+            assert "passes now" in expectations.unexpected(Outcome(op, dtype, Status.PASS), expected)
+            assert expectations.unexpected(Outcome(op, dtype, Status.FAIL, kind, "as before"), expected) is None
+            assert expectations.unexpected(Outcome(op, dtype, Status.SKIP, Kind.EAGER), expected) is None
+            for other in (Kind.MISMATCH, Kind.CRASH, Kind.TIMEOUT, Kind.COMPILE):
+                if other is not kind:
+                    problem = expectations.unexpected(Outcome(op, dtype, Status.FAIL, other, "new"), expected)
+                    assert f"fails [{other.value}], but is listed as failing [{kind.value}]" in problem
+
+
+def test_update_keeps_a_reason_while_the_kind_holds(tmp_path):
+    previous = {"float32": {"sort": "mismatch: written by hand", "cov": "dynamo: data dependent",
+                            "fixed": "compile: no lowering"}}
+    outcomes = [Outcome("sort", "float32", Status.FAIL, Kind.MISMATCH, "output[1] differs"),
+                Outcome("cov", "float32", Status.FAIL, Kind.CRASH, "the process running it died (exit status -11)"),
+                Outcome("fixed", "float32", Status.PASS)]
+    path = tmp_path / "expected.toml"
+    expectations.write(path, outcomes, previous, "# header")
+    assert expectations.load(path) == {"float32": {
+        "sort": "mismatch: written by hand", "cov": "crash: the process running it died (exit status -11)"}}
 
 
 def test_a_wrong_result_is_caught():

@@ -18,8 +18,10 @@ ROOT = Path(__file__).resolve().parents[3]
 EXPECTED = ROOT / "tests" / "conformance" / "expected_failures.toml"
 HEADER = """\
 # OpInfo entries that tori does not compile correctly with fallback="error", by dtype,
-# each with its reason. `make conformance` (python -m tori.conformance) fails when an
-# op on this list passes or an op off it fails; `--update-expected` rewrites it."""
+# each with its reason, which starts with the kind of failure (compile, mismatch, dynamo,
+# dtype, runtime, not-compiled, crash, timeout). `make conformance` (python -m
+# tori.conformance) and the test suite fail when an op on this list passes or fails
+# another way, or an op off it fails; `--update-expected` rewrites it."""
 
 
 def main(argv: list[str] | None = None) -> int:

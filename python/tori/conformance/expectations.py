@@ -1,6 +1,9 @@
 """The committed list of expected failures, keyed by dtype and op name, each with its
-reason, and the verdict on a run: an op off the list that fails, or an op on the list
-that passes, is unexpected (so that the list only shrinks).
+reason, which starts with the kind of failure (`compile: ...`, `mismatch: ...`: see
+`Kind`), and the verdict on a run: an op off the list that fails, an op on the list
+that passes (so that the list only shrinks), and a listed op that fails in another
+way than listed (a missing lowering that starts compiling to wrong values, crashing
+or timing out) are unexpected.
 """
 
 from __future__ import annotations
@@ -21,6 +24,18 @@ def load(path: Path) -> Expected:
     return {dtype: dict(ops) for dtype, ops in data.items()}
 
 
+_FAILURE_KINDS = {kind.value: kind for kind in Kind if kind not in (Kind.NONE, Kind.EAGER, Kind.NO_SAMPLES)}
+
+
+def listed_kind(reason: str) -> Kind | None:
+    """The kind of failure a listed reason names (its prefix up to ':'), or None."""
+    return _FAILURE_KINDS.get(reason.split(":", 1)[0].strip())
+
+
+def failure_kinds() -> list[str]:
+    return sorted(_FAILURE_KINDS)
+
+
 def unexpected(outcome: Outcome, expected: Expected) -> str | None:
     """Why `outcome` disagrees with the list, or None when it agrees."""
     listed = expected.get(outcome.dtype, {}).get(outcome.op)
@@ -28,6 +43,9 @@ def unexpected(outcome: Outcome, expected: Expected) -> str | None:
         return f"{outcome.op} ({outcome.dtype}) passes now: remove it from the expected failures (listed: {listed})"
     if outcome.status is Status.FAIL and listed is None:
         return f"{outcome.op} ({outcome.dtype}) fails [{outcome.kind.value}]: {outcome.detail}"
+    if outcome.status is Status.FAIL and listed_kind(listed) is not outcome.kind:
+        return (f"{outcome.op} ({outcome.dtype}) fails [{outcome.kind.value}], but is listed as failing "
+                f"[{listed.split(':', 1)[0]}]: {outcome.detail} (listed: {listed})")
     return None
 
 
@@ -52,8 +70,8 @@ def _quote(text: str) -> str:
 
 
 def write(path: Path, outcomes: list[Outcome], previous: Expected, header: str) -> None:
-    """The list made from `outcomes`' failures; a reason written by hand (one that does
-    not start with the failure's kind) is kept for an op that still fails."""
+    """The list made from `outcomes`' failures; the listed reason (perhaps written by
+    hand after its kind) is kept for an op that still fails the same way."""
     lines = [header.rstrip(), ""]
     for dtype in sorted({o.dtype for o in outcomes} | set(previous)):
         failing = sorted((o for o in outcomes if o.dtype == dtype and o.status is Status.FAIL), key=lambda o: o.op)
@@ -62,9 +80,8 @@ def write(path: Path, outcomes: list[Outcome], previous: Expected, header: str) 
         entries = {**kept}
         for outcome in failing:
             old = previous.get(dtype, {}).get(outcome.op)
-            generated = reason(outcome)
-            written_by_hand = old and not any(old.startswith(f"{kind.value}:") for kind in Kind if kind.value)
-            entries[outcome.op] = old if written_by_hand else generated
+            same_kind = old is not None and listed_kind(old) is outcome.kind
+            entries[outcome.op] = old if same_kind else reason(outcome)
         lines.append(f"[{dtype}]")
         lines += [f"{_quote(op)} = {_quote(reason)}" for op, reason in sorted(entries.items())]
         lines.append("")

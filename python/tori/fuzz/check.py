@@ -44,13 +44,15 @@ class Summary:
     seconds: float = 0.0
     verdicts: dict[Verdict, int] = field(default_factory=lambda: {v: 0 for v in Verdict})
     refusals: dict[str, int] = field(default_factory=dict)
-    failures: list[Outcome] = field(default_factory=list)
+    failures: list[Outcome] = field(default_factory=list)  # wrong and crashed
+    refused: list[Outcome] = field(default_factory=list)
 
     def add(self, outcome: Outcome) -> None:
         self.programs += 1
         self.verdicts[outcome.verdict] += 1
         if outcome.verdict is Verdict.REFUSED:
             self.refusals[outcome.detail] = self.refusals.get(outcome.detail, 0) + 1
+            self.refused.append(outcome)
         if outcome.verdict in (Verdict.WRONG, Verdict.CRASH):
             self.failures.append(outcome)
 

@@ -4,6 +4,7 @@ readable Python source (the reproducer) and built from that very source.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from dataclasses import dataclass, field
@@ -79,6 +80,10 @@ class Program:
         lines += [f"    {line}" for line in self.body()]
         lines.append(f"    return ({', '.join(self.result_names())},)")
         return "\n".join(lines) + "\n"
+
+    def key(self) -> str:
+        """A short, stable name of the program: a digest of its source and its inputs."""
+        return hashlib.sha256(self.reproducer().encode()).hexdigest()[:12]
 
     def reproducer(self) -> str:
         """A self-contained script that runs the program in eager and with tori."""
