@@ -1,7 +1,8 @@
 """The benchmark models: small, deterministic (seeded weights and inputs), each
 sized so that one eager forward takes about 0.1-5 ms on a 2-core CPU.
 
-`MODELS[name].build()` returns the module in eval() mode; `.example_inputs()`
+`MODELS[name].build()` returns the module in eval() mode, with BatchNorm statistics
+of its own; `.example_inputs()`
 returns a tuple of positional arguments. The same registry serves the benchmark
 and the model tests.
 """
@@ -15,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tori.testing import settle_batch_norm
+
 
 @dataclass(frozen=True)
 class BenchModel:
@@ -24,8 +27,10 @@ class BenchModel:
     seed: int
 
     def build(self) -> nn.Module:
+        """The module in eval mode; BatchNorm statistics from a few training-mode passes
+        (tori.testing.settle_batch_norm), so that eval-mode BatchNorm is not the identity."""
         torch.manual_seed(self.seed)
-        return self.factory().eval()
+        return settle_batch_norm(self.factory(), *self.example_inputs())
 
     def example_inputs(self) -> tuple[torch.Tensor, ...]:
         return self.inputs(torch.Generator().manual_seed(self.seed + 1))

@@ -1,7 +1,8 @@
 """Real architectures, random weights: timm classification models and Hugging Face
 `transformers` models, built from their code and configs (nothing is downloaded).
 
-`REAL_MODELS[name].build()` returns the module in eval() mode and
+`REAL_MODELS[name].build()` returns the module in eval() mode (BatchNorm statistics
+from a few training-mode passes: tori.testing.settle_batch_norm) and
 `.inputs(batch)` its positional arguments. Vision models take 224x224 images; text
 models 128 tokens. The transformers configs keep each architecture's widths and
 heads but fewer layers than the published checkpoints, so that a compile fits the
@@ -19,7 +20,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
-from tori.testing import allow_torchvision_import  # noqa: E402
+from tori.testing import allow_torchvision_import, settle_batch_norm  # noqa: E402
 
 allow_torchvision_import()  # transformers imports torchvision too
 
@@ -37,7 +38,7 @@ class RealModel:
 
     def build(self) -> nn.Module:
         torch.manual_seed(0)
-        return self.factory().eval()
+        return settle_batch_norm(self.factory(), *self.inputs(1))
 
     def inputs(self, batch: int) -> tuple:
         return self.make_inputs(batch, torch.Generator().manual_seed(1))

@@ -24,3 +24,29 @@ def fresh_dynamo():
     torch.manual_seed(0)
     yield
     torch._dynamo.reset()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_pyfunc_call(pyfuncitem):
+    """A test that mounts a tmpfs (the `tmpfs` fixture), where this process may not
+    mount: run it again in a pytest of its own inside a user and mount namespace
+    (`unshare`), where it may; the test passes when that run passes."""
+    import subprocess
+    import sys
+
+    from system_packages import can_mount, can_unshare, missing
+
+    if "tmpfs" not in pyfuncitem.fixturenames or can_mount():
+        return None
+    if not can_unshare():
+        missing("TMPFS", "this process may not mount, and unshare gives no namespace that may")
+    basetemp = pyfuncitem.funcargs["tmp_path"] / "namespace"
+    done = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", sys.executable, "-m", "pytest", "-q",
+                           "-p", "no:cacheprovider", f"--basetemp={basetemp}", f"--rootdir={pyfuncitem.config.rootpath}",
+                           pyfuncitem.nodeid], cwd=pyfuncitem.config.rootpath, capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.fail(f"{pyfuncitem.nodeid} in a mount namespace (unshare) failed:\n{done.stdout[-6000:]}"
+                    f"{done.stderr[-2000:]}", pytrace=False)
+    if " passed" not in done.stdout:
+        pytest.fail(f"{pyfuncitem.nodeid} did not run in the mount namespace:\n{done.stdout[-3000:]}", pytrace=False)
+    return True

@@ -23,6 +23,8 @@ from tori.errors import OptionsError
 from tori.targets import Target
 from tori.testing import assert_matches_eager, cache_entries, count_graphs
 
+from system_packages import missing
+
 ROOT = Path(__file__).resolve().parent.parent
 
 # A fresh process compiles the MLP benchmark model and prints its counters and whether
@@ -198,7 +200,7 @@ def test_concurrent_processes_never_read_a_torn_entry(tmp_path):
 def redis_url(tmp_path_factory):
     server = shutil.which("redis-server")
     if server is None:
-        pytest.skip("redis-server is not installed (make test installs Debian's redis-server as root)")
+        missing("REDIS")
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]

@@ -42,17 +42,32 @@ def test_fractional_max_pool_matches_eager_values_and_indices():
 
 def test_narrow_at_a_tensor_start_all_any_over_a_dim_and_batch_norm_reserve_match_eager():
     # batch norm's reserve is an empty uint8 output: IREE rejects it as a returned literal.
-    def fn(x, start, scalar, u8, features, weight, bias, mean, var):
+    def fn(x, start, back, scalar, u8, features, weight, bias, mean, var):
         normed = aten._batch_norm_with_update(features, weight, bias, mean, var, 0.1, 1e-5)
-        return (torch.narrow(x, 1, start, 3), x.narrow(-1, -start, 2), scalar.all(0), scalar.any(-1, keepdim=True),
+        return (torch.narrow(x, 1, start, 3), x.narrow(-1, back, 2), scalar.all(0), scalar.any(-1, keepdim=True),
                 u8.all(dim=1), u8.any(dim=0, keepdim=True), (scalar * 0).any(0), *normed, mean, var)
 
     x = torch.randn(4, 6, 5)
     u8 = torch.tensor([[0, 3, 7], [2, 1, 255]], dtype=torch.uint8)
-    out = assert_matches_eager(fn, x, torch.tensor(2), torch.tensor(-1.5), u8, torch.randn(6, 4, 3),
+    out = assert_matches_eager(fn, x, torch.tensor(2), torch.tensor(-2), torch.tensor(-1.5), u8, torch.randn(6, 4, 3),
                                torch.rand(4) + 0.5, torch.randn(4), torch.zeros(4), torch.ones(4), rtol=1e-5, atol=1e-5)
     assert out[4].dtype == torch.uint8 and out[2].dtype == torch.bool
     assert out[10].dtype == torch.uint8 and out[10].shape == (0,)
+
+
+def test_narrow_at_a_start_computed_in_the_graph_breaks_it_in_dynamo():
+    # Dynamo cannot capture narrow at a tensor start that the graph computes (-start):
+    # its fake narrow leaves an unbacked symbol behind (PendingUnbackedSymbolNotFound).
+    # With fullgraph that is an error before tori sees a graph; without, the narrow
+    # runs in eager Python between two compiled graphs.
+    def fn(x, start):
+        return x.narrow(-1, -start, 2) * 2
+
+    x, start = torch.randn(4, 6, 5), torch.tensor(2)
+    with pytest.raises(torch._dynamo.exc.InternalTorchDynamoError, match="PendingUnbackedSymbolNotFound"):
+        assert_matches_eager(fn, x, start)
+    out = assert_matches_eager(fn, x, start, fullgraph=False)
+    torch.testing.assert_close(out, x[..., -2:] * 2)
 
 
 def test_narrow_at_a_tensor_start_follows_the_start_and_raises_out_of_range_as_eager():

@@ -20,6 +20,8 @@ import tori
 from tori.errors import ArtifactError, CompileError
 from tori.runtime import artifact as fmt
 
+from system_packages import missing
+
 sys.path.insert(0, str(Path(__file__).parent))
 import export_models  # noqa: E402
 
@@ -93,7 +95,7 @@ def test_assume_constant_result_is_evaluated_at_export(exported):
 @pytest.mark.parametrize("device", ["cpu", "local-task", "vulkan"])
 def test_load_matches_eager(exported, device):
     if device == "vulkan" and not _vulkan_device():
-        pytest.skip("no Vulkan device (Debian's mesa-vulkan-drivers provides lavapipe)")
+        missing("VULKAN")
     model, path = exported
     loaded = tori.runtime.load(path, device=device)
     for batch in (2, 9, 32):
@@ -277,11 +279,9 @@ def test_export_errors_are_clear(tmp_path):
 
 @pytest.fixture(scope="module")
 def c_compiler():
-    if shutil.which("cc") is None:
-        subprocess.run(["bash", str(ROOT / "tests" / "setup" / "cc.sh")], check=False)
     compiler = shutil.which("cc")
     if compiler is None:
-        pytest.skip("no C compiler, and tests/setup/system-packages.sh could not install one")
+        missing("CC")
     return compiler
 
 

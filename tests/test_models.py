@@ -32,6 +32,23 @@ def test_inference_matches_eager(name):
         assert_matches_eager(spec.build(), *spec.example_inputs(), calls=2, **TOLERANCE)
 
 
+def test_batch_norm_of_the_models_is_not_the_identity():
+    # Eval-mode BatchNorm with fresh statistics (mean 0, variance 1) and affine terms
+    # (1, 0) passes its input through: a lowering that ignored them would go unseen.
+    norms = {name: [m for m in spec.build().modules() if isinstance(m, torch.nn.BatchNorm2d)]
+             for name, spec in MODELS.items()}
+    assert sum(map(len, norms.values())) >= 10
+    for name, found in norms.items():
+        for norm in found:
+            assert norm.running_mean.abs().max() > 0.05 and (norm.running_var - 1).abs().max() > 0.05, name
+            assert (norm.weight - 1).abs().max() > 0.05 and norm.bias.abs().max() > 0.05, name
+    spec = MODELS["cnn_bn"]
+    model, (x,) = spec.build(), spec.example_inputs()
+    with torch.no_grad():
+        convolved = model[0](x)
+        assert (model[1](convolved) - convolved).abs().max() > 0.1
+
+
 def test_transformer_layer_without_fast_path_matches_eager():
     # The layer as separate attention, LayerNorm and feed-forward ops; the case above
     # takes the fused fast path, which tori decomposes into the same ops.

@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+import tori
 from tori.testing import assert_matches_eager
 
 SIGNED = torch.tensor([-0.0, 0.0, math.nan, -math.nan, -1.5, 2.0, math.inf, -math.inf])
@@ -70,9 +71,17 @@ def test_as_strided_scatter_and_view_copies():
 
 
 def test_new_empty_strided_has_the_size_and_dtype():
-    compiled = torch.compile(lambda t: t.new_empty_strided((2, 0, 3), (1, 2, 3)).shape + t.new_empty_strided(
-        (2, 3), (1, 2)).sum().shape, backend="tori", options={"fallback": "error"})
-    assert compiled(torch.randn(3)) == torch.Size([2, 0, 3])
+    # An empty tensor's values are undefined: each is filled or reduced and returned,
+    # so that Dynamo keeps the calls (unused, it removes them as dead code).
+    def fn(t):
+        half = t.new_empty_strided((2, 3), (1, 2), dtype=torch.float16).fill_(1.5)
+        none = t.new_empty_strided((2, 0, 3), (1, 2, 3))
+        return half * t.half(), none, none.sum(1) + t[:1]
+
+    out = assert_matches_eager(fn, torch.randn(3))
+    assert [o.dtype for o in out] == [torch.float16, torch.float32, torch.float32]
+    assert [tuple(o.shape) for o in out] == [(2, 3), (2, 0, 3), (2, 3)]
+    assert tori.last_compile().stages["dynamo"].count(".new_empty_strided(") == 2
 
 
 def test_empty_tensors_compile():

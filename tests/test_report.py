@@ -2,7 +2,6 @@
 opened in a real headless Chromium (Debian's package; tests/setup/system-packages.sh)."""
 
 import re
-import shutil
 import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
@@ -14,8 +13,10 @@ from click.testing import CliRunner
 import tori
 from tori.cli import main
 
+from system_packages import chromium, missing
+
 TESTS = Path(__file__).resolve().parent
-CHROMIUM = shutil.which("chromium")
+CHROMIUM = chromium()
 
 
 class _Elements(HTMLParser):
@@ -92,8 +93,9 @@ def test_report_option_writes_the_page_as_graphs_compile(tmp_path):
     assert len(page.having("span", class_="compiled")) == 1
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (tests/setup/system-packages.sh installs it as root)")
 def test_report_renders_in_headless_chromium(report, tmp_path):
+    if CHROMIUM is None:
+        missing("CHROMIUM")
     path = report[0]
     url = path.as_uri() + "#expand"
     base = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0",

@@ -14,7 +14,7 @@ from tori.errors import OptionsError
 from tori.frontend.compile_graph import compile_graph
 from tori.frontend.records import GraphRecord
 from tori.frontend.shape_variants import ShapeVariants, dynamic_inputs, specialize
-from tori.testing import count_graphs
+from tori.testing import count_graphs, settle_batch_norm
 
 
 def _softmax_rows(x, w):
@@ -100,7 +100,8 @@ def test_static_graphs_are_left_alone():
 def test_cnn_with_parameters_updated_in_place_between_variant_calls():
     model = torch.nn.Sequential(
         torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
-        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 4)).eval()
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 4))
+    settle_batch_norm(model, torch.randn(4, 3, 12, 12))
     compiled = _compile(model, specialize_shapes=2, specialize_after=2, driver="local-sync")
     with torch.no_grad(), count_graphs() as count:
         for batch in (2, 2, 4, 4, 2, 4, 3):

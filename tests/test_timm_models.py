@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import tori
-from tori.testing import assert_matches_eager, import_timm
+from tori.testing import assert_matches_eager, import_timm, settle_batch_norm
 
 # Deep random-weight networks: compiled kernels reorder float sums.
 TOLERANCE = {"rtol": 2e-3, "atol": 2e-3}
@@ -25,8 +25,9 @@ MODELS = {
 def test_timm_model_matches_eager(name):
     architecture, extra, size = MODELS[name]
     torch.manual_seed(0)
-    model = import_timm().create_model(architecture, pretrained=False, num_classes=10, **extra).eval()
+    model = import_timm().create_model(architecture, pretrained=False, num_classes=10, **extra)
     x = torch.randn(2, 3, size, size, generator=torch.Generator().manual_seed(1))
+    settle_batch_norm(model, x)
     with torch.no_grad():
         assert_matches_eager(model, x, calls=2, **TOLERANCE)
     graphs = [g for r in tori.compile_records()[-1:] for g in r.graphs]

@@ -104,6 +104,36 @@ def assert_same_training_state(model: torch.nn.Module, eager: torch.nn.Module, *
         torch.testing.assert_close(buffer, expected, rtol=rtol, atol=atol, msg=lambda m: f"buffer {name}: {m}")
 
 
+def settle_batch_norm(model: torch.nn.Module, *inputs: Any, passes: int = 3) -> torch.nn.Module:
+    """`model` in eval mode with BatchNorm statistics and affine terms of its own.
+
+    A fresh BatchNorm's running mean 0 and variance 1, and its weight 1 and bias 0,
+    make it in eval mode nearly the identity: a lowering or folding bug in it would go
+    unseen. The running statistics here come from `passes` training-mode forward
+    passes over `inputs` (float inputs scaled and shifted per pass), averaged over the
+    passes; the affine terms are drawn from a fixed generator. A model without
+    BatchNorm is only put in eval mode."""
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+    if not norms:
+        return model.eval()
+    generator = torch.Generator().manual_seed(0)
+    momenta = [norm.momentum for norm in norms]
+    with torch.no_grad():
+        for norm in norms:
+            norm.reset_running_stats()
+            norm.momentum = None  # a cumulative average over the passes
+            if norm.affine:
+                norm.weight.uniform_(0.5, 1.5, generator=generator)
+                norm.bias.normal_(0.0, 0.2, generator=generator)
+        model.train()
+        for k in range(passes):
+            model(*(x * (1 + 0.5 * k) + 0.25 * k if isinstance(x, torch.Tensor) and x.is_floating_point() else x
+                    for x in inputs))
+    for norm, momentum in zip(norms, momenta):
+        norm.momentum = momentum
+    return model.eval()
+
+
 _TORCHVISION_SCHEMAS = (
     "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
     "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",

@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("expecttest", reason="the OpInfo database needs the expecttest package (the test extra)")
+import expecttest  # noqa: F401  (the OpInfo database needs it: the test extra installs it)
 
-from tori.conformance import expectations  # noqa: E402
-from tori.conformance.__main__ import EXPECTED  # noqa: E402
-from tori.conformance.opinfo import DTYPES, Kind, Outcome, Status, op_database, ops_for  # noqa: E402
-from tori.conformance.runner import run_ops  # noqa: E402
+from tori.conformance import expectations
+from tori.conformance.__main__ import EXPECTED
+from tori.conformance.opinfo import DTYPES, Kind, Outcome, Status, op_database, ops_for
+from tori.conformance.runner import run_ops
 
 # Every n-th op of the sorted OpInfo names, per dtype: spread over the whole database
 # and fixed, so that a run is comparable with the last.
