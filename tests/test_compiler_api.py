@@ -56,7 +56,7 @@ def test_compile_defaults_to_tori_as_function_decorator_and_on_modules():
 
 
 def test_compile_rejects_bad_target_and_options_where_they_are_written():
-    with pytest.raises(OptionsError, match="valid targets: cpu"):
+    with pytest.raises(OptionsError, match="unknown target .*; one of: cpu"):
         tc.compile(lambda x: x, target="tpu")
     with pytest.raises(OptionsError, match="unknown tori option 'fallbak'"):
         tc.compile(lambda x: x, options={"fallbak": "error"})
@@ -251,7 +251,7 @@ def test_config_is_readable_settable_and_patchable():
     tc.config.driver = "local-sync"
     try:
         assert tc.config.options().driver.value == "local-sync"
-        with pytest.raises(OptionsError, match="valid drivers"):
+        with pytest.raises(OptionsError, match="unknown driver .*; one of: "):
             tc.config.driver = "gpu"
         with pytest.raises(AttributeError, match="no option 'drivr'"):
             tc.config.drivr

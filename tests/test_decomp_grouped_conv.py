@@ -58,3 +58,18 @@ def test_ordinary_convolution_is_left_to_iree():
     with torch.no_grad():
         assert_matches_eager(conv, torch.randn(1, 3, 8, 8), rtol=1e-4, atol=1e-5)
     assert "aten.convolution" in tori.last_compile().graphs[0].stages["aten"]
+
+
+@pytest.mark.parametrize("length, stride, padding, dilation, batched", [
+    (4, 2, 0, 1, False),  # found by the fuzzer: the last element is in no window
+    (6, 2, 1, 1, True),
+    (11, 3, 0, 2, True),
+    (7, 1, 0, 1, True),  # windows tile the input: left as it is
+])
+def test_ragged_1d_convolution_is_cut_to_what_its_windows_read(length, stride, padding, dilation, batched):
+    weight = torch.linspace(-1, 1, 24).reshape(2, 4, 3)
+    x = torch.randn(2, 4, length) if batched else torch.randn(4, length)
+    assert_matches_eager(lambda x: F.conv1d(x, weight, stride=stride, padding=padding, dilation=dilation), x,
+                         rtol=1e-5, atol=1e-5)
+    aten_code = tori.last_compile().forward.stages["aten"]
+    assert ("aten.slice" in aten_code) == ((length + 2 * padding - dilation * 2 - 1) % stride != 0)

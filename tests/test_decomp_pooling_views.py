@@ -107,3 +107,13 @@ def test_ragged_max_pool_values_come_from_one_pooling_op(size, kernel, stride, p
     pools = tori.last_compile().graphs[0].stages["torch"].count("torch.aten.max_pool2d")
     assert pools == (0 if dilation > 1 else 1)
     assert_matches_eager(lambda t: F.max_pool2d(t, kernel, stride, padding, dilation, ceil_mode, return_indices=True), x)
+
+
+@pytest.mark.parametrize("pool, shape", [
+    (lambda x: F.max_pool1d(x, 2), (3, 7)), (lambda x: F.avg_pool1d(x, 2), (3, 7)),
+    (lambda x: F.max_pool2d(x, 2), (3, 5, 7)), (lambda x: F.avg_pool2d(x, 3, ceil_mode=True), (3, 5, 7)),
+    (lambda x: F.max_pool1d(x, 3, 2, return_indices=True), (3, 7)),
+], ids=["max_pool1d", "avg_pool1d", "max_pool2d", "avg_pool2d ceil", "max_pool1d indices"])
+def test_pooling_of_an_unbatched_input_matches_eager(pool, shape):
+    # (C, L) and (C, H, W) inputs: IREE's pooling lowerings wanted a batch dim (found by the fuzzer).
+    assert_matches_eager(pool, torch.randn(shape), rtol=1e-6, atol=1e-6)

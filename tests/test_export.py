@@ -308,7 +308,7 @@ def test_cli_export_run_and_c_embed(tmp_path, c_compiler):
     assert result.exit_code == 0 and "max abs difference vs eager" in result.output, result.output
     assert float(result.output.rsplit(":", 1)[1]) < 1e-5
     result = runner.invoke(main, ["run", str(out), "--input", str(tmp_path / "x.npy"), "--device", "cuda"])
-    assert result.exit_code == 1 and "has no module for device 'cuda'" in result.output
+    assert result.exit_code == 2 and "has no module for device 'cuda'" in result.output
     # The embedded module compiles as C, and holds the vmfb's bytes.
     embedded = manifest["c_embed"]["cpu"]
     obj = tmp_path / "module.o"

@@ -108,7 +108,7 @@ def test_opt_lists_passes_with_descriptions():
 ])
 def test_opt_bad_pipeline_is_one_clear_error(torch_mlir_file, pipeline, message):
     result = CliRunner().invoke(main, ["opt", str(torch_mlir_file), "--pipeline", pipeline])
-    assert result.exit_code == 1 and message in result.stderr
+    assert result.exit_code == 2 and message in result.stderr
     assert "Traceback" not in result.output
 
 
@@ -116,7 +116,7 @@ def test_opt_unparseable_file_names_line_and_column(tmp_path):
     bad = tmp_path / "bad.mlir"
     bad.write_text("func.func @f(%a: i32) -> i32 {\n  %0 = arith.addi %a, %b : i32\n  return %0 : i32\n}\n")
     result = CliRunner().invoke(main, ["opt", str(bad), "--pipeline", "cse"])
-    assert result.exit_code == 1
+    assert result.exit_code == 2
     assert f"{bad}:2:23: use of undeclared SSA value name" in result.stderr
     assert "\n                      ^" in result.stderr
 
@@ -137,4 +137,4 @@ def test_explore_compares_pipelines_against_eager_as_json():
 
 def test_explore_rejects_an_unknown_pass_before_compiling():
     result = CliRunner().invoke(main, ["explore", f"{TESTS / 'report_models.py'}:small_mlp", "-p", "cse", "-p", "csee"])
-    assert result.exit_code == 1 and "closest registered names: cse" in result.stderr
+    assert result.exit_code == 2 and "closest registered names: cse" in result.stderr

@@ -9,6 +9,7 @@ complex result tori refuses.
 """
 
 import json
+import logging
 
 import pytest
 import torch
@@ -79,16 +80,19 @@ class Sandwich(torch.nn.Module):
         return torch.relu(self.second(self.middle(self.first(x))))
 
 
-def test_custom_op_between_linears_runs_in_two_compiled_parts():
+def test_custom_op_between_linears_runs_in_two_compiled_parts(caplog):
     model = Sandwich(soft_clip)
     x = torch.randn(3, 8)
-    with torch.no_grad():
+    with torch.no_grad(), caplog.at_level(logging.WARNING, logger="tori"):
         expected = model(x)
         compiled = torch.compile(model, backend="tori")
         _eager_calls.clear()
         with count_graphs() as count:
             for _ in range(3):
                 torch.testing.assert_close(compiled(x), expected)
+    # The one warning says how the graph runs and where the repro of its failure is.
+    (warning,) = [r.getMessage() for r in caplog.records if "runs partitioned" in r.getMessage()]
+    assert "; repro: " in warning and tori.last_compile().graph("inference").error.command in warning
     assert count.partitioned_graphs == 1 and count.compiled_parts == 2 and count.eager_ops == 1, count.delta
     assert count.compiled_graphs == 0 and count.fallback_graphs == 0 and count.fallback_calls == 0, count.delta
     # Every call ran both parts in IREE and the custom op in eager PyTorch.

@@ -10,9 +10,15 @@ artifacts with only IREE's runtime and numpy) works where PyTorch is not install
 from __future__ import annotations
 
 import importlib
+import os
 from typing import Any
 
 __version__ = "0.1.0"
+
+if os.environ.get("TORI_LOG"):  # TORI_LOG=info: tori's stages and their times on stderr
+    from tori.logs import configure
+
+    configure()
 
 # Public name -> (module, attribute; None for the module itself).
 _LAZY: dict[str, tuple[str, str | None]] = {

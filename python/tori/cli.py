@@ -13,40 +13,135 @@ only this module prints.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import os
 import sys
+import threading
+import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from tori.errors import ToriError
+from tori.errors import ArtifactError, InputError, OptionsError, ToriError
+
+# A mistake in what the user gave (an option, a file, a path): exit status 2, as click's
+# own usage errors; a model that does not compile or run: 1.
+USER_MISTAKE, FAILED = 2, 1
 
 
 class _Group(click.Group):
-    """Turns tori's errors into one clear message and exit status 1."""
+    """Turns tori's errors, and a path that cannot be read or written, into one clear
+    `error:` message and an exit status: never a traceback for the user's mistake."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except (OptionsError, InputError, ArtifactError) as error:
+            _fail(ctx, _cli_message(error), USER_MISTAKE)
+        except click.UsageError as error:  # raised by a subcommand's own checks
+            _fail(ctx, error.format_message(), USER_MISTAKE)
         except ToriError as error:
-            click.echo(f"error: {error}", err=True)
-            ctx.exit(1)
+            _fail(ctx, str(error), FAILED)
+        except OSError as error:
+            where = f"{error.filename}: " if error.filename is not None else ""
+            _fail(ctx, f"{where}{error.strerror or error}; check the path and that it can be read or written",
+                  USER_MISTAKE)
+
+
+def _fail(ctx: click.Context, message: str, status: int) -> None:
+    click.echo(f"error: {message}", err=True)
+    ctx.exit(status)
+
+
+def _cli_message(error: ToriError) -> str:
+    """The message, with a hint meant for Python callers replaced by the option's CLI form."""
+    if isinstance(error, OptionsError) and error.what == "tori option":
+        return f"{error.bare}; pass tori options as --option KEY=VALUE"
+    return str(error)
+
+
+def versions() -> dict[str, str]:
+    """tori's version and those of the parts it runs on."""
+    import importlib.metadata
+
+    found = {}
+    for name in ("tori", "torch", "torch-mlir", "iree-base-compiler", "iree-base-runtime"):
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = "not installed"
+    return found
+
+
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo("  ".join(f"{name} {version}" for name, version in versions().items()))
+        ctx.exit(0)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("-v", "--verbose", is_flag=True, help="Log what tori does (to stderr).")
+@click.option("-v", "--verbose", is_flag=True, help="Log what tori does, each stage with its time (to stderr).")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Print the versions of tori, torch, torch-mlir and IREE, and exit.")
 def main(verbose: bool) -> None:
     """tori: look at and experiment with the compiler pipeline (docs/inspect.md)."""
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(name)s: %(message)s")
+    from tori.logs import configure
+
+    configure("info" if verbose else None)
 
 
 def subcommand(name: str) -> Callable:
     """Register the decorated function as `tori NAME`."""
     return main.command(name)
+
+
+class _LatestStage(logging.Handler):
+    """Keeps the message of the latest `tori.stage` record."""
+
+    def __init__(self, first: str):
+        super().__init__(logging.INFO)
+        self.latest = first
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.latest = record.getMessage()
+
+
+@contextlib.contextmanager
+def progress(what: str, console: Console | None = None, delay_s: float = 2.0) -> Iterator[None]:
+    """While `what` runs longer than `delay_s`: its latest stage and the time so far, on
+    stderr when it is a terminal. Library code only logs its stages (tori.logs)."""
+    console = console or Console(stderr=True)
+    if not console.is_terminal:
+        yield
+        return
+    stages = logging.getLogger("tori.stage")
+    handler, level, start = _LatestStage(what), stages.level, time.monotonic()
+    stages.addHandler(handler)
+    if stages.getEffectiveLevel() > logging.INFO:
+        stages.setLevel(logging.INFO)
+    done = threading.Event()
+
+    def show() -> None:
+        if done.wait(delay_s):
+            return
+        with console.status(what) as status:
+            while not done.wait(0.1):
+                status.update(f"{handler.latest}  [{time.monotonic() - start:.1f} s]")
+
+    thread = threading.Thread(target=show, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+        stages.removeHandler(handler)
+        stages.setLevel(level)
 
 
 def _console(stderr: bool = False) -> Console:
@@ -55,6 +150,9 @@ def _console(stderr: bool = False) -> Console:
 
 
 def _options(target: str | None, extra: tuple[str, ...]) -> dict[str, Any]:
+    """tori options from --target and each --option KEY=VALUE, checked before any work."""
+    from tori.config import Options
+
     options: dict[str, Any] = {}
     if target:
         options["target"] = target
@@ -63,7 +161,26 @@ def _options(target: str | None, extra: tuple[str, ...]) -> dict[str, Any]:
         if not sep:
             raise click.BadParameter(f"{item!r} is not KEY=VALUE", param_hint="--option")
         options[key.strip()] = value
+    Options.from_mapping(options)
     return options
+
+
+def _writable(path: Path | None, option: str, *, folder: bool = False) -> None:
+    """A usage error, before any work, where `path` (a file, or with `folder` a folder
+    written or replaced) cannot be written."""
+    if path is None:
+        return
+    path = Path(path)
+    existing = next(p for p in [path, *path.parents] if p.exists())
+    if existing == path:
+        if path.is_dir() and not folder:
+            raise click.BadParameter(f"{path} is a folder; give a file path", param_hint=option)
+        if not path.is_dir() and folder:
+            raise click.BadParameter(f"{path} is a file; give a folder path", param_hint=option)
+        if not os.access(path, os.W_OK):
+            raise click.BadParameter(f"{path} is not writable", param_hint=option)
+    elif not existing.is_dir() or not os.access(existing, os.W_OK):
+        raise click.BadParameter(f"cannot create {path}: {existing} is not a writable folder", param_hint=option)
 
 
 # ---------------------------------------------------------------------------
@@ -71,7 +188,7 @@ def _options(target: str | None, extra: tuple[str, ...]) -> dict[str, Any]:
 
 
 @subcommand("opt")
-@click.argument("file", type=click.Path(path_type=Path), required=False)
+@click.argument("file", type=click.Path(path_type=Path, allow_dash=True), required=False)
 @click.option("--pipeline", "-p", default="", help="MLIR-syntax pipeline of tori and upstream passes.")
 @click.option("--print-ir-after-change", is_flag=True, help="Print the IR after each pass that changed it (stderr).")
 @click.option("--timing", is_flag=True, help="Print each pass's time (stderr).")
@@ -79,10 +196,10 @@ def _options(target: str | None, extra: tuple[str, ...]) -> dict[str, Any]:
 @click.option("-o", "--output", type=click.Path(path_type=Path), help="Write the result here instead of stdout.")
 def opt(file: Path | None, pipeline: str, print_ir_after_change: bool, timing: bool, list_passes: bool,
         output: Path | None) -> None:
-    """Run a pass pipeline over FILE (MLIR text), like mlir-opt with tori's passes."""
+    """Run a pass pipeline over FILE (MLIR text; - reads stdin), like mlir-opt with tori's passes."""
     from tori.frontend.importer import new_context
     from tori.passes import run_pipeline, validate_pipeline
-    from tori.tools.mlir_file import parse_mlir_file
+    from tori.tools.mlir_file import parse_mlir_file, parse_mlir_text
 
     if list_passes:
         from tori.passes.catalog import known_passes
@@ -96,10 +213,13 @@ def opt(file: Path | None, pipeline: str, print_ir_after_change: bool, timing: b
                     click.echo(f"  {info.name:<{width}}  {info.description}")
         return
     if file is None:
-        raise click.UsageError("FILE is required (or --list-passes)")
+        raise click.UsageError("FILE is required (- reads stdin), or --list-passes")
+    _writable(output, "--output")
     validate_pipeline(pipeline)
     context = new_context()
-    module = parse_mlir_file(file, context)
+    module = parse_mlir_file(file, context) if str(file) != "-" else parse_mlir_text(sys.stdin.read(), context)
+    if str(file) == "-":
+        file = Path("stdin")
 
     def after(run) -> None:
         if print_ir_after_change and run.changed:
@@ -144,8 +264,10 @@ def explore_command(model: str, pipelines: tuple[str, ...], iree_flags: tuple[st
     from tori.tools.loading import load_model
 
     variant_list = variants(list(pipelines), list(iree_flags))
+    options = _options(target, extra)
     module, inputs = load_model(model)
-    outcomes = explore(module, inputs, variant_list, seconds=seconds, options=_options(target, extra))
+    with progress(f"exploring {model}"):
+        outcomes = explore(module, inputs, variant_list, seconds=seconds, options=options)
     if as_json:
         click.echo(json.dumps({"model": model, "variants": [o.as_dict() for o in outcomes]}, indent=2))
         return
@@ -186,9 +308,12 @@ def profile_command(model: str, calls: int, json_path: Path | None, trace: Path 
     from tori.tools.loading import load_model
     from tori.tools.profile import profile
 
+    options = _options(target, extra)
+    for path in (json_path, trace):
+        _writable(path, "--json" if path is json_path else "--trace")
     module, inputs = load_model(model)
-    with torch.no_grad():
-        result = profile(module, *inputs, calls=calls, options=_options(target, extra), trace=trace)
+    with torch.no_grad(), progress(f"profiling {model}"):
+        result = profile(module, *inputs, calls=calls, options=options, trace=trace)
     if json_path is not None:
         json_path.write_text(json.dumps(result.to_json(), indent=1))
     table = Table(title=f"tori profile {model}: {result.wall_us_per_call:.0f} us per call "
@@ -227,9 +352,11 @@ def report_command(model: str, output: Path, pipeline: str | None, iree_flags: s
         options["pipeline"] = pipeline
     if iree_flags is not None:
         options["iree_flags"] = iree_flags
+    _writable(output, "--output")
     module, inputs = load_model(model)
     seen = {r.name for r in compile_records()}
-    path, facts = report_model(module, inputs, output, options=options, name=model)
+    with progress(f"compiling {model} for the report"):
+        path, facts = report_model(module, inputs, output, options=options, name=model)
     records = [r for r in compile_records() if r.name not in seen and Path(r.options.report or "") == output]
     graphs = [g for r in records for g in r.graphs]
     click.echo(f"wrote {path} ({path.stat().st_size // 1024} KiB)")
@@ -273,14 +400,33 @@ def _args_spec(specs: tuple[str, ...], inputs: tuple) -> tuple | None:
                     raise click.BadParameter(f"input {index} dim {axis} is {example.shape[axis]} in the example, "
                                              f"not {item}", param_hint="--args-spec")
                 continue
-            label, _, bounds = item.partition(":")
-            low, _, high = bounds.partition("..")
+            label, low, high = _dynamic_dim(item, index, axis)
             if label not in dims:
-                dims[label] = torch.export.Dim(label, min=int(low) if low else 0, max=int(high) if high else None) \
-                    if high else torch.export.Dim(label, min=int(low) if low else 0)
+                dims[label] = torch.export.Dim(label, min=low, max=high) if high is not None \
+                    else torch.export.Dim(label, min=low)
             shape[axis] = dims[label]
         shapes.append(shape or None)
     return tuple(shapes)
+
+
+def _dynamic_dim(item: str, index: int, axis: int) -> tuple[str, int, int | None]:
+    """NAME, NAME:MIN.., NAME:..MAX or NAME:MIN..MAX: (name, min, max or None)."""
+    label, colon, bounds = item.partition(":")
+    low, dots, high = bounds.partition("..")
+    where = f"input {index} dim {axis} ({item!r})"
+    if not label.isidentifier() or (colon and not dots):
+        raise click.BadParameter(f"{where}: a dim is a size or NAME[:MIN..MAX], e.g. batch or batch:1..64",
+                                 param_hint="--args-spec")
+    try:
+        least = int(low) if low.strip() else 0
+        most = int(high) if high.strip() else None
+    except ValueError:
+        raise click.BadParameter(f"{where}: MIN and MAX are integers, e.g. batch:1..64", param_hint="--args-spec") \
+            from None
+    if least < 0 or (most is not None and most < least):
+        raise click.BadParameter(f"{where}: the range is empty or negative; write MIN..MAX with 0 <= MIN <= MAX",
+                                 param_hint="--args-spec")
+    return label, least, most
 
 
 @subcommand("export")
@@ -303,9 +449,12 @@ def export_command(model: str, output: Path, targets: str, args_spec: tuple[str,
     options = _options(None, extra)
     if pipeline is not None:
         options["pipeline"] = pipeline
+    _writable(output, "--output", folder=True)
     module, inputs = load_model(model)
-    path = export(module, inputs, dynamic_shapes=_args_spec(args_spec, inputs), targets=targets, output_dir=output,
-                  external_weights=external_weights, options=options, c_embed=c_embed)
+    dynamic_shapes = _args_spec(args_spec, inputs)
+    with progress(f"exporting {model}"):
+        path = export(module, inputs, dynamic_shapes=dynamic_shapes, targets=targets, output_dir=output,
+                      external_weights=external_weights, options=options, c_embed=c_embed)
     manifest = read_manifest(path)
     click.echo(f"wrote {path}")
     for name, info in manifest["files"].items():
@@ -331,8 +480,11 @@ def run_command(artifact: Path, inputs: tuple[Path, ...], entry: str | None, dev
 
     from tori.runtime.artifact import load
 
+    _writable(output, "--output", folder=True)
     loaded = load(artifact, device=device)
     names = list(loaded.entry_points)
+    if entry is None and len(names) > 1 and "forward" not in names:
+        raise click.UsageError(f"{artifact} has entry points {', '.join(names)}: choose one with --entry NAME")
     entry = entry or (names[0] if len(names) == 1 else "forward")
     function = loaded[entry]
     if examples:
@@ -340,7 +492,7 @@ def run_command(artifact: Path, inputs: tuple[Path, ...], entry: str | None, dev
         if not files:
             raise click.UsageError(f"the artifact has no examples for '{entry}' (exported with examples=False)")
         inputs = tuple(artifact / f for f in files["inputs"])
-    values = [np.load(path) for path in inputs]
+    values = [_npy(path) for path in inputs]
     results = function(*values)
     results = results if isinstance(results, tuple) else (results,)
     worst = 0.0
@@ -357,6 +509,17 @@ def run_command(artifact: Path, inputs: tuple[Path, ...], entry: str | None, dev
             worst = max(worst, float(np.max(np.abs(value.astype(np.float64) - expected))) if value.size else 0.0)
     if examples:
         click.echo(f"max abs difference vs eager (saved at export): {worst:.3e}")
+
+
+def _npy(path: Path):
+    """One input array from a .npy file (numpy.save writes one)."""
+    import numpy as np
+
+    try:
+        return np.load(path, allow_pickle=False)
+    except ValueError as error:
+        raise click.BadParameter(f"{path} is not a .npy array file; write one with numpy: np.save('x.npy', array)",
+                                 param_hint="--input") from None
 
 
 if __name__ == "__main__":

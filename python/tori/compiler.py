@@ -74,7 +74,8 @@ def compile(model: Callable | None = None, *, target: Target | str | None = None
         Options.from_mapping({k: v for k, v in merged.items() if k not in TORCH_OPTIONS})
         options = merged or None
     elif target is not None:
-        raise OptionsError("backend for target=", backend, [BACKEND], hint="target= applies to the tori backend only")
+        raise OptionsError("backend for target=", backend, [BACKEND], hint="target= applies to the tori backend only",
+                           unknown=True)
     if model is None:
         return lambda fn: torch.compile(fn, backend=backend, options=options, **torch_compile_kwargs)
     return torch.compile(model, backend=backend, options=options, **torch_compile_kwargs)
@@ -120,7 +121,7 @@ def set_stance(stance: str = "default", *, skip_guard_eval_unsafe: bool = False,
                force_backend: str | Callable[..., Any] | None = None):
     """Dynamo's stance (a decorator or a `with` block), for tori's graphs like any backend's."""
     if stance not in STANCES:
-        raise OptionsError("stance", stance, STANCES)
+        raise OptionsError("stance", stance, STANCES, unknown=True)
     return _torch_compiler.set_stance(stance, skip_guard_eval_unsafe=skip_guard_eval_unsafe, force_backend=force_backend)
 
 

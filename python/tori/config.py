@@ -46,7 +46,7 @@ def _enum_value(enum_cls: type[enum.Enum], what: str, value: Any) -> enum.Enum:
     try:
         return enum_cls(value)
     except ValueError:
-        raise OptionsError(what, value, [m.value for m in enum_cls]) from None
+        raise OptionsError(what, value, [m.value for m in enum_cls], unknown=True) from None
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ class Options:
         unknown = sorted(set(options) - set(cls.names()))
         if unknown:
             raise OptionsError(
-                "tori option", unknown[0], cls.names(),
+                "tori option", unknown[0], cls.names(), unknown=True,
                 hint="Pass options as torch.compile(model, backend='tori', options={...})",
             )
         return base.replace(**{k: _coerce(k, v) for k, v in options.items()})
@@ -170,10 +170,12 @@ def _coerce(name: str, value: Any) -> Any:
         return _enum_value(Driver, "driver", value)
     if name == "codegen":
         return _enum_value(Codegen, "codegen", value)
-    if name in ("repro_dir", "dump_dir", "report"):
-        return None if value is None else Path(value)
-    if name == "cache_dir":
-        return Path(value).expanduser()
+    if name in ("repro_dir", "dump_dir", "report", "cache_dir"):
+        if value is None and name != "cache_dir":
+            return None
+        if not isinstance(value, (str, os.PathLike)) or not str(value):
+            raise OptionsError(name, value, ["a path (str or os.PathLike)"])
+        return Path(value).expanduser() if name == "cache_dir" else Path(value)
     if name in ("dump_iree_phases", "dump_large_constants", "cache", "partition", "runtime_checks", "resident_weights"):
         return _flag(name, value)
     if name == "cache_max_bytes":
@@ -189,10 +191,13 @@ def _coerce(name: str, value: Any) -> Any:
             return tuple(value.split())
         return tuple(str(v) for v in value)
     if name == "compile_timeout_s":
-        value = float(value)
-        if value <= 0:
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            seconds = -1.0
+        if isinstance(value, bool) or not seconds > 0:
             raise OptionsError("compile_timeout_s", value, ["a positive number of seconds"])
-        return value
+        return seconds
     if name in _COUNTS:
         return _count(name, value, _COUNTS[name])
     if name in ("cpu", "pipeline", "cuda_arch", "vulkan_target", "rocm_chip"):
@@ -202,6 +207,10 @@ def _coerce(name: str, value: Any) -> Any:
             from tori.passes import validate_pipeline
 
             return validate_pipeline(value)
+        if name == "cpu":
+            from tori.targets.cpu import check_cpu
+
+            return check_cpu(value)
         return value
     return value
 
@@ -267,11 +276,16 @@ _EMPTY_MEANS_EMPTY = {"TORI_PIPELINE"}
 
 def from_environment(environ: Mapping[str, str] | None = None) -> Options:
     environ = os.environ if environ is None else environ
-    values = {
-        field_name: _coerce(field_name, environ[var])
-        for var, field_name in ENVIRONMENT.items()
-        if environ.get(var) or (var in _EMPTY_MEANS_EMPTY and var in environ)
-    }
+    values = {}
+    for var, field_name in ENVIRONMENT.items():
+        if not (environ.get(var) or (var in _EMPTY_MEANS_EMPTY and var in environ)):
+            continue
+        try:
+            values[field_name] = _coerce(field_name, environ[var])
+        except OptionsError as error:
+            raise OptionsError(error.what, error.value, error.valid, message=(
+                f"environment variable {var}={environ[var]!r}: {error.bare}; set it to a valid value "
+                f"or unset it")) from None
     return Options(**values)
 
 

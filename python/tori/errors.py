@@ -12,17 +12,29 @@ from pathlib import Path
 class ToriError(Exception):
     """Base class of every error tori raises."""
 
+    def __str__(self) -> str:
+        # Dynamo appends its own advice ("Set TORCHDYNAMO_VERBOSE=1 ... reporting a bug to
+        # PyTorch") to the message of an error raised through it; tori's message stands alone.
+        return self.__dict__.get("_text") or super().__str__()
+
 
 class OptionsError(ToriError, ValueError):
     """An option, target, stance or environment variable has an invalid value."""
 
     def __init__(self, what: str, value: object, valid: list[str] | tuple[str, ...], hint: str = "",
-                 *, message: str | None = None):
+                 *, message: str | None = None, unknown: bool = False):
+        """`valid` names the values there are (`unknown=True`: a name not among them) or
+        describes the values expected ("a positive number of seconds")."""
         self.what = what
         self.value = value
         self.valid = tuple(valid)
         if message is None:
-            message = f"unknown {what} {value!r}; valid {what}s: {', '.join(self.valid)}"
+            if unknown:
+                message = f"unknown {what} {value!r}; one of: {', '.join(self.valid)}"
+            else:
+                message = f"invalid {what} {value!r}; expected {' or '.join(self.valid)}"
+        self.bare = message  # without the hint: a caller with a hint of its own (the CLI) uses it
+        self.hint = hint
         if hint:
             message += f". {hint}"
         super().__init__(message)
@@ -41,6 +53,7 @@ class CompileError(ToriError):
         location: str | None = None,
         repro: Path | None = None,
         command: str | None = None,
+        hint: str | None = None,
     ):
         self.reason = message
         self.stage = stage
@@ -49,6 +62,7 @@ class CompileError(ToriError):
         self.location = location
         self.repro = repro
         self.command = command
+        self.hint = hint
         super().__init__(self._render())
 
     def _render(self) -> str:
@@ -64,15 +78,24 @@ class CompileError(ToriError):
             lines.append(f"  failing input written to: {self.repro}")
         if self.command:
             lines.append(f"  reproduce with: {self.command}")
-        lines.append(
-            "  what to do: run with options={'fallback': 'eager'} to run this graph in "
-            "eager PyTorch, or report the repro file."
-        )
+        hint = self._compile_hint() if self.hint is None else self.hint
+        if hint:  # "" where the reason says what to do
+            lines.append(f"  what to do: {hint}")
         return "\n".join(lines)
+
+    def _compile_hint(self) -> str:
+        hint = "run with options={'fallback': 'eager'} to run this graph in eager PyTorch"
+        return hint + (", or report the repro file." if self.repro is not None else ".")
 
     def with_repro(self, repro: Path, command: str) -> "CompileError":
         self.repro = repro
         self.command = command
+        self.args = (self._render(),)
+        return self
+
+    def with_hint(self, hint: str) -> "CompileError":
+        """The same error with another 'what to do' (export has no eager fallback)."""
+        self.hint = hint
         self.args = (self._render(),)
         return self
 
@@ -136,6 +159,7 @@ def through_dynamo(error: ToriError) -> ToriError:
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(error.__dict__)
     wrapped.args = error.args
+    wrapped._text = str(error)
     wrapped.backend_name = "tori"
     wrapped.inner_exception = error
     wrapped.first_useful_frame = None

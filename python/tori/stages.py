@@ -28,7 +28,7 @@ class Stage(str, enum.Enum):
         except ValueError:
             from tori.errors import OptionsError
 
-            raise OptionsError("stage", name, [s.value for s in cls]) from None
+            raise OptionsError("stage", name, [s.value for s in cls], unknown=True) from None
 
 
 STAGES: tuple[Stage, ...] = tuple(Stage)

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import uuid
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -27,10 +28,12 @@ import numpy as np
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
+from torch.utils._sympy.numbers import IntInfinity, NegativeIntInfinity
 
 import tori.compiler
 from tori.config import Options
 from tori.errors import CompileError, OptionsError
+from tori.logs import stage
 from tori.frontend.constant_origins import ORIGIN, AssumedConstant
 from tori.frontend.decompositions import decomposition_table
 from tori.frontend.importer import import_graph, new_importer, to_bytecode
@@ -103,13 +106,38 @@ def export(model: Any, args: tuple | None = None, kwargs: Mapping[str, Any] | No
     if not isinstance(output_dir, (str, os.PathLike)):
         raise OptionsError("output_dir", output_dir, ["a folder path (str or os.PathLike)"],
                            message=f"output_dir must be a folder path, not {type(output_dir).__name__} {output_dir!r}")
+    try:
+        with warnings.catch_warnings():
+            # torch.export's own deprecation notice (its pytree specs), not the user's to act on.
+            warnings.filterwarnings("ignore", r"`isinstance\(treespec, LeafSpec\)` is deprecated", FutureWarning)
+            return _export(model, args, kwargs, dynamic_shapes=dynamic_shapes, targets=targets,
+                           output_dir=output_dir, external_weights=external_weights, entry_points=entry_points,
+                           options=options, examples=examples, c_embed=c_embed, name=name)
+    except CompileError as error:
+        raise error.with_hint(_export_hint(error)) from None
+
+
+def _export_hint(error: CompileError) -> str:
+    """What to do about a failed export: an exported module has no eager fallback."""
+    compiling = (Stage.TORCH.value, Stage.TORI.value, Stage.IREE.value, Stage.VMFB.value)
+    if error.op is None and error.stage not in compiling:
+        return ""  # tracing and checks of the program say in their reason what to change
+    hint = ("an exported module has no eager fallback, so every op must compile: see where with "
+            "`tori report MODULE:FACTORY` and change the model around that op")
+    return hint + (", or report the repro file." if error.repro is not None else ".")
+
+
+def _export(model: Any, args: tuple | None, kwargs: Mapping[str, Any] | None, *, dynamic_shapes: Any,
+            targets: tuple[Target | str, ...] | str, output_dir: str | os.PathLike, external_weights: bool,
+            entry_points: Mapping[str, Any] | None, options: Mapping[str, Any] | None, examples: bool,
+            c_embed: bool, name: str | None) -> Path:
     opts = Options.from_mapping(options)
     target_list = _targets(targets)
     check_compiled_in(target_list)
     entries = _entry_points(model, args, kwargs, dynamic_shapes, entry_points)
     output_dir = Path(output_dir)
     name = name or output_dir.name
-    with _exporting():
+    with _exporting(), stage(name, "torch.export"):
         traced = {entry: trace(model, point.method, point.args, point.kwargs, point.dynamic_shapes, name=entry)
                   for entry, point in entries.items()}
     hooks = ExternalParameters() if external_weights else None
@@ -133,7 +161,8 @@ def export(model: Any, args: tuple | None = None, kwargs: Mapping[str, Any] | No
     lower_for_iree(module, graph=name)
     # Text when IREE's own ops are in it (parameters): their attributes parse only in IREE's context.
     source = str(module).encode() if hooks is not None else to_bytecode(module)
-    vmfbs = _compile(source, opts, target_list, name, codegen.choose(graphs, opts, target_list))
+    with stage(name, f"iree-compile ({', '.join(t.value for t in target_list)})"):
+        vmfbs = _compile(source, opts, target_list, name, codegen.choose(graphs, opts, target_list))
     return _write(output_dir, name=name, opts=opts, vmfbs=vmfbs, specs=specs, symbols=symbols, traced=traced,
                   entries=entries, parameters=hooks.tensors if hooks is not None else None, examples=examples,
                   c_embed=c_embed)
@@ -148,7 +177,8 @@ def _targets(targets: Any) -> tuple[Target, ...]:
                                    f"not {type(targets).__name__} {targets!r}")
     values = targets.replace(",", " ").split() if isinstance(targets, str) else list(targets)
     if not values:
-        raise OptionsError("target", "(none)", [t.value for t in Target], hint="export needs at least one target")
+        raise OptionsError("target", "(none)", [t.value for t in Target], hint="export needs at least one target",
+                           unknown=True)
     return tuple(dict.fromkeys(Options.from_mapping({"target": v}).target for v in values))
 
 
@@ -236,13 +266,20 @@ def _user_dim_names(program: torch.export.ExportedProgram, point: EntryPoint) ->
     return names
 
 
+def _bound(value: Any) -> int | None:
+    """A range constraint's bound as an int; None where it is unbounded (torch's int_oo
+    says it is finite, sympy's oo does not)."""
+    if isinstance(value, (IntInfinity, NegativeIntInfinity)) or not value.is_finite:
+        return None
+    return int(value)
+
+
 def _entry_spec(entry: str, program: torch.export.ExportedProgram, found: Traced, point: EntryPoint,
                 symbols: dict[str, dict]) -> dict:
     names = _user_dim_names(program, point)
     for symbol, bounds in program.range_constraints.items():
         label = names.get(str(symbol), str(symbol))
-        low, high = bounds.lower, bounds.upper
-        symbols[label] = {"min": int(low) if low.is_finite else None, "max": int(high) if high.is_finite else None}
+        symbols[label] = {"min": _bound(bounds.lower), "max": _bound(bounds.upper)}
     signature = program.graph_signature
     inputs = []
     for node in program.graph.find_nodes(op="placeholder"):
@@ -373,7 +410,7 @@ def _write(output_dir: Path, *, name: str, opts: Options, vmfbs, specs, symbols,
 
 def embed_c(vmfb: Path, source: Path, header: Path, identifier: str) -> None:
     """C source and header holding `vmfb` as data (IREE's iree-c-embed-data):
-    `const iree_file_toc_t* IDENTIFIER_create(void)` returns it."""
+    `const iree_file_toc_t* IDENTIFIER_create()` returns it."""
     tool = shutil.which("iree-c-embed-data", path=os.pathsep.join([str(Path(sys.executable).parent),
                                                                    os.environ.get("PATH", "")]))
     if tool is None:

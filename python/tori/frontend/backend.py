@@ -28,6 +28,7 @@ from tori.frontend.partition import compile_partitioned
 from tori.frontend.records import CompileRecord, GraphRecord, new_record
 from tori.frontend.resident import mutates
 from tori.frontend.repro import write_repro
+from tori.logs import stage
 from tori.frontend.shape_variants import specialize
 from tori.stages import Stage
 from tori.stats import counters
@@ -43,7 +44,7 @@ def tori_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], options: d
     try:
         if unknown:
             raise OptionsError(
-                "torch.compile argument for backend 'tori'", sorted(unknown)[0], ["options"],
+                "torch.compile argument for backend 'tori'", sorted(unknown)[0], ["options"], unknown=True,
                 hint="tori takes its settings as options={...}; mode= is not supported",
             )
         opts = Options.from_mapping(options)
@@ -62,7 +63,7 @@ def tori_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], options: d
     try:
         # Effect tokens made and consumed inside the graph (prims._make_token, _sink_tokens)
         # rather than passed as inputs, which AOTAutograd's runtime wrapper sets to None.
-        with torch._functorch.config.patch(unlift_effect_tokens=True):
+        with torch._functorch.config.patch(unlift_effect_tokens=True), stage(record.name, "AOTAutograd and compile"):
             wrapped = aot_autograd(
                 fw_compiler=compilers["forward"],
                 bw_compiler=compilers["backward"],

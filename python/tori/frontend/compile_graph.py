@@ -19,6 +19,7 @@ from tori.frontend.importer import import_graph, new_importer, to_bytecode
 from tori.frontend.resident import make_resident, resident_args, with_resident
 from tori.frontend.records import GraphRecord
 from tori.frontend.repro import write_repro
+from tori.logs import stage, stage_log
 from tori.passes import PassError, run_pipeline
 from tori.passes.lower_dialect import lower_for_iree
 from tori.runtime.compiled_graph import CompiledGraph
@@ -48,16 +49,18 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
     try:
         check_element_types(gm, record.name)
         resident = resident_args(gm, record.kind, options, static_args, inspecting)
-        if resident:
-            source, hooks = make_resident(gm, resident)
-            module, signature = import_graph(source, graph_name=record.name, importer=new_importer(hooks))
-            signature = with_resident(signature, resident)
-        else:
-            module, signature = import_graph(gm, graph_name=record.name)
+        with stage(record.name, "import to the torch dialect (Torch-MLIR)"):
+            if resident:
+                source, hooks = make_resident(gm, resident)
+                module, signature = import_graph(source, graph_name=record.name, importer=new_importer(hooks))
+                signature = with_resident(signature, resident)
+            else:
+                module, signature = import_graph(gm, graph_name=record.name)
         record.stages[Stage.TORCH] = str(module)
         if options.pipeline:
-            record.passes = [run if inspecting else replace(run, ir_after=None) for run in
-                             run_pipeline(module, options.pipeline, graph=record.name)]
+            with stage(record.name, "tori passes"):
+                record.passes = [run if inspecting else replace(run, ir_after=None) for run in
+                                 run_pipeline(module, options.pipeline, graph=record.name)]
             record.stages[Stage.TORI] = str(module)
         else:
             record.stages[Stage.TORI] = record.stages[Stage.TORCH]
@@ -66,6 +69,8 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
         record.codegen = codegen.choose(gm, options, compiled_targets(options))
         key = compile_key(record.stages[Stage.TORI], options, record.codegen) if cache is not None else None
         vmfbs = cache.get(key) if cache is not None else None
+        if vmfbs is not None:
+            stage_log.info("%s: served by the compile cache", record.name)
         record.modules_key = key
         invocation = build_invocation(options, options.target, iree_dump_flags(record, options), record.codegen)
         record.stages[Stage.IREE] = invocation.shell_command(f"{record.name}.mlirbc", f"{record.name}.vmfb")
@@ -77,7 +82,8 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
             # IREE's own ops (the globals of resident weights) parse only in IREE's context: text then.
             bytecode = module.operation.get_asm(enable_debug_info=True).encode() if resident else to_bytecode(module)
             others = OtherTargets(bytecode, options, record.name, record.stages[Stage.TORI], record.codegen)  # meanwhile
-            vmfb, invocation = _compile_main_target(bytecode, invocation, options, record)
+            with stage(record.name, f"iree-compile ({options.target.value})"):
+                vmfb, invocation = _compile_main_target(bytecode, invocation, options, record)
             record.iree_bytecode, record.iree_invocation = bytecode, invocation
             vmfbs = {options.target: vmfb, **others.result()}
             if cache is not None:
@@ -101,7 +107,7 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
         record.compile_seconds = time.perf_counter() - start
         if inspecting:
             after_compile(record, options)
-    log.debug("compiled %s (%s) in %.2f s", record.name, record.kind, record.compile_seconds)
+    log.info("compiled %s (%s) in %.2f s", record.name, record.kind, record.compile_seconds)
     return compiled
 
 

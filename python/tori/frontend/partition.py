@@ -311,9 +311,10 @@ def _finish(split: torch.fx.GraphModule, parts: list, record: GraphRecord, optio
     counters.eager_ops += len(record.eager_ops)
     first = record.error or error
     log.warning("tori: graph %s runs partitioned: %d part(s) compiled, %d op(s) in eager PyTorch (%s); "
-                "the first failure was at stage '%s', op %s: %s",
+                "the first failure was at stage '%s', op %s: %s%s",
                 record.name, len(parts), len(record.eager_ops), ", ".join(sorted(set(record.eager_ops))),
-                first.stage, first.op, first.reason.splitlines()[0])
+                first.stage, first.op, first.reason.splitlines()[0],
+                f"; repro: {first.command}" if first.command else "")
     if options.dump_dir is not None or options.report is not None:
         after_compile(record, options)  # the graph's dump and the report now show its parts
 

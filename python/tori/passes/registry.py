@@ -56,11 +56,14 @@ class RegisteredPass:
             try:
                 bound[key.replace("-", "_")] = _convert(text, type(default))
             except ValueError:
-                kind = type(default).__name__
+                kind = _KINDS.get(type(default), f"a {type(default).__name__}")
                 raise OptionsError("pass option value", text, [kind], message=(
-                    f"option {key} of pass {self.name} takes a {kind}, not {text!r}")) from None
+                    f"option {key} of pass {self.name} takes {kind}, not {text!r}")) from None
         return bound
 
+
+# How an option's type reads in an error: "takes an integer, not 'x'".
+_KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
 
 _REGISTRY: dict[str, RegisteredPass] = {}
 
@@ -311,7 +314,11 @@ class PassRun:
     step: PassStep
     seconds: float
     changed: bool
-    ir_after: str | None = None
+    ir_after: str | None = field(default=None, repr=False)
+
+    def __repr__(self) -> str:
+        ir = f", ir_after: {len(self.ir_after.splitlines())} lines" if self.ir_after is not None else ""
+        return f"PassRun({self.step.text()}, {self.seconds * 1e3:.2f} ms, changed={self.changed}{ir})"
 
 
 def run_pipeline(module: ir.Module, pipeline: str, *, graph: str = "",

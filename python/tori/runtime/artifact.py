@@ -325,7 +325,10 @@ class Artifact:
         entries = self.__dict__.get("entry_points", {})
         if name in entries:
             return entries[name]
-        raise AttributeError(name)
+        if name.startswith("_") or not entries:
+            raise AttributeError(name)
+        raise AttributeError(f"the tori artifact {self.path} has no entry point {name!r}; it has: "
+                             f"{', '.join(entries)} (call artifact.{next(iter(entries))}(...) or artifact[name])")
 
     def __call__(self, *inputs: Any):
         names = list(self.entry_points)
@@ -357,6 +360,10 @@ def write_parameters(path: Path, values: Mapping[str, np.ndarray]) -> None:
         raw = np.ascontiguousarray(array).reshape(-1).view(np.uint8).copy()
         index.add_buffer(name, raw)
     index.create_archive_file(str(path))
+    # IREE creates the archive 0640; it gets the mode of the artifact's other files.
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 def update_parameters(path: Path | str, values: Mapping[str, Any], *, allow_new: bool = False) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
 from pathlib import Path
 
 from tori.cache import compile_key, versions
@@ -97,12 +98,30 @@ def stage_texts(record: GraphRecord, keep_large_constants: bool = False) -> list
     return texts
 
 
+def _runnable_iree_script(texts: list[tuple[str, str, str]], record: GraphRecord,
+                          options: Options) -> list[tuple[str, str, str]]:
+    """The iree stage as a script that compiles the dump's own IREE input file."""
+    names = [name for name, _, _ in texts]
+    if "iree" not in names or "iree-input" not in names:
+        return texts
+    source = f"{names.index('iree-input'):02d}-iree-input.mlir"
+    command = record.stages[Stage.IREE].replace(f"{record.name}.mlirbc", source)
+    elision = "" if options.dump_large_constants else (
+        "; its large constants are elided (set dump_large_constants for a byte-exact input)")
+    from tori.targets.iree_compile import iree_compile_tool
+
+    tools = shlex.quote(str(Path(iree_compile_tool()).parent))
+    script = (f"#!/bin/sh\n# iree-compile as tori ran it (the one tori used, first on PATH), on {source}{elision}.\n"
+              f'cd "$(dirname "$0")"\nPATH={tools}:"$PATH"\n{command}\n')
+    return [(name, suffix, script if name == "iree" else text) for name, suffix, text in texts]
+
+
 def dump_graph(record: GraphRecord, options: Options) -> Path:
     """Write <dump_dir>/<graph>/NN-<stage>.<ext> for each stage and index.json."""
     directory = graph_dir(options.dump_dir, record)
     directory.mkdir(parents=True, exist_ok=True)
     files = []
-    texts = stage_texts(record, options.dump_large_constants)
+    texts = _runnable_iree_script(stage_texts(record, options.dump_large_constants), record, options)
     for number, (name, suffix, text) in enumerate(texts):
         path = directory / f"{number:02d}-{name}.{suffix}"
         path.write_text(text)

@@ -40,7 +40,8 @@ def _stage_set(stages: Iterable[str | Stage] | None) -> tuple[Stage, ...]:
     if unknown:
         from tori.errors import OptionsError
 
-        raise OptionsError("stage for inspect", sorted(s.value for s in unknown)[0], [s.value for s in TEXT_STAGES])
+        raise OptionsError("stage for inspect", sorted(s.value for s in unknown)[0], [s.value for s in TEXT_STAGES],
+                           unknown=True)
     return tuple(s for s in TEXT_STAGES if s in chosen)
 
 

@@ -19,12 +19,25 @@ def parse_mlir_file(path: Path, context: ir.Context) -> ir.Module:
     try:
         return ir.Module.parseFile(str(path), context=context)
     except ir.MLIRError as error:
-        diagnostic = error.error_diagnostics[0] if error.error_diagnostics else None
-        where = _LOCATION.search(str(diagnostic.location)) if diagnostic is not None else None
-        if where is None:
-            raise InputError(f"{path} does not parse as MLIR: {error}") from None
-        line, column = int(where["line"]), int(where["column"])
-        lines = path.read_text(errors="replace").splitlines()
-        source = lines[line - 1] if 0 < line <= len(lines) else ""
-        raise InputError(f"{path}:{line}:{column}: {diagnostic.message}\n{source}\n"
-                         f"{' ' * (column - 1)}^") from None
+        _raise_located(error, path, path.read_text(errors="replace"))
+
+
+def parse_mlir_text(text: str, context: ir.Context, name: str = "<stdin>") -> ir.Module:
+    """MLIR read from a stream (`tori opt -`); errors name `name`, line and column."""
+    try:
+        return ir.Module.parse(text, context=context)
+    except ir.MLIRError as error:
+        _raise_located(error, Path(name), text)
+
+
+def _raise_located(error: "ir.MLIRError", path: Path, text: str) -> None:
+    """An InputError naming the file, line and column, with a caret under the column."""
+    diagnostic = error.error_diagnostics[0] if error.error_diagnostics else None
+    where = _LOCATION.search(str(diagnostic.location)) if diagnostic is not None else None
+    if where is None:
+        raise InputError(f"{path} does not parse as MLIR: {error}") from None
+    line, column = int(where["line"]), int(where["column"])
+    lines = text.splitlines()
+    source = lines[line - 1] if 0 < line <= len(lines) else ""
+    raise InputError(f"{path}:{line}:{column}: {diagnostic.message}\n{source}\n"
+                     f"{' ' * (column - 1)}^") from None

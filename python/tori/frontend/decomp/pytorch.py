@@ -41,6 +41,10 @@ def _max_pool_with_indices(op, x, kernel_size, stride=(), padding=0, dilation=1,
     # PyTorch's decomposition computes them.
     decomposed = aten_decompositions[op]
     spatial = 3 if op is aten.max_pool3d_with_indices.default else 2
+    if x.dim() == spatial + 1:  # unbatched (max_pool1d of (C, L) lands here): IREE's lowering wants a batch
+        values, indices = _max_pool_with_indices(op, x.unsqueeze(0), kernel_size, stride, padding, dilation,
+                                                 ceil_mode)
+        return values.squeeze(0), indices.squeeze(0)
     sizes = x.shape[-spatial:]
 
     def each(value, default):
@@ -69,6 +73,15 @@ def _max_pool_with_indices(op, x, kernel_size, stride=(), padding=0, dilation=1,
         lowest = -torch.inf if x.dtype.is_floating_point else torch.iinfo(x.dtype).min
         framed = aten.constant_pad_nd.default(framed, widths, lowest)
         return as_is(op, framed, kernel, steps, [0] * spatial, dilations, False)[0], indices[1]
+
+
+@register_decomposition(aten.avg_pool2d.default)
+def _unbatched_avg_pool2d(op, x, *args):
+    """avg_pool2d of an unbatched (C, H, W) input (avg_pool1d of (C, L) lands here) with a
+    batch of one: IREE's linalg.pooling_nchw_sum failed to verify on the 3-D form."""
+    if x.dim() != 3:
+        return NotImplemented
+    return aten.avg_pool2d.default(x.unsqueeze(0), *args).squeeze(0)
 
 
 def _pool_extent(size: int, kernel: int, stride: int, pad: int, dilation: int, ceil_mode: bool) -> int:
