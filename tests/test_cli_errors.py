@@ -149,6 +149,15 @@ def test_verbose_logs_each_stage_with_its_time(workdir, tmp_path):
     for stage in ("AOTAutograd and compile done in", "import to the torch dialect (Torch-MLIR) done in",
                   "tori passes done in", "iree-compile (cpu) done in", "compiled graph0_inference"):
         assert stage in done.stderr, done.stderr
+    assert "tori.report: report of" in done.stderr
+    done = subprocess.run([sys.executable, "-m", "tori.cli", "-v", "explore", MLP, "-p", "", "--seconds", "0.2"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0 and "variant 0 ((no passes)): compiled in" in done.stderr, done.stderr
+    assert "variant 0: median" in done.stderr
+    done = subprocess.run([sys.executable, "-m", "tori.cli", "-v", "run", str(tmp_path / "a"), "--examples"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0 and "tori.runtime: loaded" in done.stderr and "forward(float32[4, 16]) ran in" \
+        in done.stderr, done.stderr
     quiet = subprocess.run([sys.executable, "-m", "tori.cli", "report", MLP, "-o", str(tmp_path / "q.html")],
                            capture_output=True, text=True, env=env, timeout=300)
     assert quiet.returncode == 0 and "done in" not in quiet.stderr

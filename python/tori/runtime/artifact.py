@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -19,6 +21,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 from tori.errors import ArtifactError
+
+log = logging.getLogger("tori.runtime")
 
 FORMAT = "tori-artifact"
 # Raised whenever an older reader could not run a newer artifact correctly. Version 2:
@@ -249,6 +253,7 @@ class EntryPoint:
         from the artifact's generator (`Artifact.manual_seed`): the same seed, the same results."""
         import iree.runtime as rt
 
+        start = time.perf_counter()
         arrays = self.check_inputs(inputs)
         artifact = self._artifact
         transfer = artifact._transfer
@@ -269,6 +274,8 @@ class EntryPoint:
                                 path=artifact.path) from error
         values = tuple(transfer.download(results.get_as_object(i, rt.HalBufferView), NUMPY_DTYPES[o["dtype"]])
                        for i, o in enumerate(outputs))
+        log.info("%s(%s) ran in %.2f ms", self.name, ", ".join(f"{a.dtype}{list(a.shape)}" for a in arrays),
+                 (time.perf_counter() - start) * 1e3)
         return values[0] if len(values) == 1 else values
 
 
@@ -281,6 +288,7 @@ class Artifact:
 
         from tori.runtime.devices import device as iree_device, vm_instance
 
+        start = time.perf_counter()
         self.path = Path(path)
         self.manifest = read_manifest(self.path)
         self._seeds = np.random.default_rng()  # the seeds of entry points with random ops
@@ -306,6 +314,8 @@ class Artifact:
                                 field=f"targets.{self.target}.file") from error
         self.entry_points = {name: EntryPoint(self, name, spec)
                              for name, spec in self.manifest["entry_points"].items()}
+        log.info("loaded %s (%s, %s) on %s in %.2f s", self.path, self.target, ", ".join(self.entry_points),
+                 self.driver, time.perf_counter() - start)
 
     def __repr__(self) -> str:
         return f"<tori artifact {self.path} on {self.driver}: {', '.join(self.entry_points)}>"

@@ -136,6 +136,8 @@ def explore(model: Callable, inputs: tuple, variant_list: list[Variant], *, seco
         expected = model(*inputs)
         for index, variant in enumerate(variant_list):
             fn, outcome = _prepare(model, inputs, expected, variant, base)
+            log.info("variant %d (%s): %s", index, variant.label, outcome.error or
+                     f"compiled in {outcome.compile_s or 0:.2f} s, {'correct' if outcome.correct else 'DIFFERS'}")
             outcomes.append(outcome)
             if fn is not None:
                 ready[index] = fn
@@ -151,6 +153,7 @@ def explore(model: Callable, inputs: tuple, variant_list: list[Variant], *, seco
     for index, samples in times.items():
         if samples:
             outcomes[index].median_ms = statistics.median(samples) * 1e3
+            log.info("variant %d: median %.3f ms over %d calls", index, outcomes[index].median_ms, len(samples))
     first = outcomes[0].median_ms if outcomes else None
     for outcome in outcomes:
         if first and outcome.median_ms is not None:

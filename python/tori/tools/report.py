@@ -282,4 +282,7 @@ def report_model(model: Callable, inputs: tuple, path: Path | str, *, options: d
     except AssertionError:
         facts.correct = False
     records = [r for r in compile_records() if r.name not in seen]
-    return write_report(path, records=records, facts=facts), facts
+    written = write_report(path, records=records, facts=facts)
+    log.info("report of %s: %d Dynamo graph(s), %d graph break(s), compiled and ran in %.2f s; written to %s",
+             name or "the model", len(records), len(facts.graph_breaks), facts.seconds, written)
+    return written, facts
