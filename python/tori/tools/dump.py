@@ -100,14 +100,20 @@ def stage_texts(record: GraphRecord, keep_large_constants: bool = False) -> list
 
 def _runnable_iree_script(texts: list[tuple[str, str, str]], record: GraphRecord,
                           options: Options) -> list[tuple[str, str, str]]:
-    """The iree stage as a script that compiles the dump's own IREE input file."""
+    """The iree stage as a script that compiles an input in the dump: the exact module
+    iree-compile was given (`<graph>.mlirbc`, written beside it) where this compile ran
+    iree-compile, else the dump's IREE input text."""
     names = [name for name, _, _ in texts]
     if "iree" not in names or "iree-input" not in names:
         return texts
-    source = f"{names.index('iree-input'):02d}-iree-input.mlir"
-    command = record.stages[Stage.IREE].replace(f"{record.name}.mlirbc", source)
-    elision = "" if options.dump_large_constants else (
-        "; its large constants are elided (set dump_large_constants for a byte-exact input)")
+    if record.iree_bytecode is not None:
+        source, elision = f"{record.name}.mlirbc", ""
+        command = record.stages[Stage.IREE]
+    else:  # served by the compile cache: iree-compile did not run here
+        source = f"{names.index('iree-input'):02d}-iree-input.mlir"
+        command = record.stages[Stage.IREE].replace(f"{record.name}.mlirbc", source)
+        elision = "" if options.dump_large_constants else (
+            "; its large constants are elided (set dump_large_constants for a byte-exact input)")
     from tori.targets.iree_compile import iree_compile_tool
 
     tools = shlex.quote(str(Path(iree_compile_tool()).parent))
@@ -126,6 +132,8 @@ def dump_graph(record: GraphRecord, options: Options) -> Path:
         path = directory / f"{number:02d}-{name}.{suffix}"
         path.write_text(text)
         files.append({"stage": name, "file": path.name})
+    if record.iree_bytecode is not None and "iree" in [name for name, _, _ in texts]:
+        (directory / f"{record.name}.mlirbc").write_bytes(record.iree_bytecode)  # what 05-iree.sh compiles
     if Stage.VMFB in record.stages:
         path = directory / f"{len(texts):02d}-vmfb.vmfb"
         path.write_bytes(record.stages[Stage.VMFB])
