@@ -493,7 +493,10 @@ def run_command(artifact: Path, inputs: tuple[Path, ...], entry: str | None, dev
             raise click.UsageError(f"the artifact has no examples for '{entry}' (exported with examples=False)")
         inputs = tuple(artifact / f for f in files["inputs"])
     values = [_npy(path) for path in inputs]
+    start = time.perf_counter()
     results = function(*values)
+    logging.getLogger("tori.run").info("%s(%s) ran in %.2f ms", entry, ", ".join(
+        f"{v.dtype}{list(v.shape)}" for v in values), (time.perf_counter() - start) * 1e3)
     results = results if isinstance(results, tuple) else (results,)
     worst = 0.0
     for index, (name, value) in enumerate(zip(function.output_names, results)):

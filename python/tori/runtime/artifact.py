@@ -253,7 +253,6 @@ class EntryPoint:
         from the artifact's generator (`Artifact.manual_seed`): the same seed, the same results."""
         import iree.runtime as rt
 
-        start = time.perf_counter()
         arrays = self.check_inputs(inputs)
         artifact = self._artifact
         transfer = artifact._transfer
@@ -274,8 +273,6 @@ class EntryPoint:
                                 path=artifact.path) from error
         values = tuple(transfer.download(results.get_as_object(i, rt.HalBufferView), NUMPY_DTYPES[o["dtype"]])
                        for i, o in enumerate(outputs))
-        log.info("%s(%s) ran in %.2f ms", self.name, ", ".join(f"{a.dtype}{list(a.shape)}" for a in arrays),
-                 (time.perf_counter() - start) * 1e3)
         return values[0] if len(values) == 1 else values
 
 
