@@ -55,17 +55,21 @@ class CorruptEntry(Exception):
 # --- what a key names -------------------------------------------------------
 
 @lru_cache(maxsize=1)
-def versions() -> dict[str, str]:
-    """Versions of tori, torch, torch-mlir and IREE; tori's also names its sources,
-    so that an edited checkout never reuses modules compiled by other code."""
+def package_versions() -> dict[str, str]:
+    """The installed versions of tori, torch, torch-mlir and IREE ("unknown" where missing)."""
     found = {}
     for package in ("tori", "torch", "torch-mlir", "iree-base-compiler", "iree-base-runtime"):
         try:
             found[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
             found[package] = "unknown"
-    found["tori-sources"] = _sources_digest()
     return found
+
+
+def versions() -> dict[str, str]:
+    """package_versions(), and a digest of tori's sources, so that an edited checkout
+    never reuses modules compiled by other code."""
+    return {**package_versions(), "tori-sources": _sources_digest()}
 
 
 def _sources_digest() -> str:

@@ -65,22 +65,11 @@ def _cli_message(error: ToriError) -> str:
     return str(error)
 
 
-def versions() -> dict[str, str]:
-    """tori's version and those of the parts it runs on."""
-    import importlib.metadata
-
-    found = {}
-    for name in ("tori", "torch", "torch-mlir", "iree-base-compiler", "iree-base-runtime"):
-        try:
-            found[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            found[name] = "not installed"
-    return found
-
-
 def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
     if value and not ctx.resilient_parsing:
-        click.echo("  ".join(f"{name} {version}" for name, version in versions().items()))
+        from tori.cache import package_versions
+
+        click.echo("  ".join(f"{name} {version}" for name, version in package_versions().items()))
         ctx.exit(0)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from tori.frontend.decomp.pytorch import window_extent
 from tori.frontend.decompositions import register_decomposition
 
 aten = torch.ops.aten
@@ -55,11 +56,10 @@ def _ragged_conv1d(x, weight, stride, padding, dilation, transposed):
     if not all(isinstance(n, int) for n in (*x.shape, *weight.shape)) or x.numel() == 0:
         return None
     (step,), (pad,), (spread,) = stride, padding, dilation
-    span = spread * (weight.shape[-1] - 1) + 1
     padded_length = x.shape[-1] + 2 * pad
-    if padded_length < span:
+    if padded_length < spread * (weight.shape[-1] - 1) + 1:
         return None
-    used = (padded_length - span) // step * step + span
+    used = window_extent(x.shape[-1], weight.shape[-1], step, pad, spread, ceil_mode=False)
     if used == padded_length:
         return None
     padded = aten.constant_pad_nd.default(x, [pad, pad], 0.0) if pad else x

@@ -59,7 +59,7 @@ def _max_pool_with_indices(op, x, kernel_size, stride=(), padding=0, dilation=1,
         indices = decomposed(x, kernel_size, stride, padding, dilation, ceil_mode)
         if not all(isinstance(n, int) for n in sizes) or x.numel() == 0:
             return indices
-        extents = [_pool_extent(n, k, s, p, d, ceil_mode) for n, k, s, p, d in zip(sizes, kernel, steps, pads, dilations)]
+        extents = [window_extent(n, k, s, p, d, ceil_mode) for n, k, s, p, d in zip(sizes, kernel, steps, pads, dilations)]
         if all(e == n + 2 * p for e, n, p in zip(extents, sizes, pads)):
             return as_is(op, x, kernel_size, stride, padding, dilation, ceil_mode)[0], indices[1]
         if any(d != 1 for d in dilations):  # IREE's lowering of a dilated pool over a cropped input fails
@@ -84,10 +84,10 @@ def _unbatched_avg_pool2d(op, x, *args):
     return aten.avg_pool2d.default(x.unsqueeze(0), *args).squeeze(0)
 
 
-def _pool_extent(size: int, kernel: int, stride: int, pad: int, dilation: int, ceil_mode: bool) -> int:
-    """The length of padded input that pooling's windows cover, as ATen counts its
-    output size (pooling_output_shape): with ceil_mode a last window must start inside
-    the input or its left padding."""
+def window_extent(size: int, kernel: int, stride: int, pad: int, dilation: int, ceil_mode: bool) -> int:
+    """The length of padded input that strided windows cover (pooling, and convolution
+    without ceil_mode), as ATen counts the output size (pooling_output_shape): with
+    ceil_mode a last window must start inside the input or its left padding."""
     span = dilation * (kernel - 1) + 1
     reach = size + 2 * pad - span
     out = (-(-reach // stride) if ceil_mode else reach // stride) + 1
