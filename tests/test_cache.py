@@ -190,6 +190,7 @@ def test_concurrent_processes_never_read_a_torn_entry(tmp_path):
     results = [json.loads(c.communicate(timeout=300)[0].strip().splitlines()[-1]) for c in children]
     assert all(c.returncode == 0 for c in children)
     assert all(r["cache_corrupt"] == 0 and r["compiled_graphs"] == 1 for r in results)
+    assert sum(r["iree_compiles"] for r in results) == 1  # one compiled, the other waited for its entry
     (entry,) = entries(shared)
     assert decode_entry(entry.stem, entry.read_bytes())
 
@@ -263,3 +264,111 @@ def test_shared_cache_needs_a_key(tmp_path, redis_url, monkeypatch):
     with pytest.raises(OptionsError, match="TORI_CACHE_KEY"):
         assert_matches_eager(torch.nn.Linear(4, 4), torch.randn(2, 4),
                              options={"cache_dir": str(tmp_path), "cache_url": redis_url})
+
+
+# --- one compile per graph across processes (single flight) ---
+
+def _entry(key: str) -> bytes:
+    return encode_entry(key, {Target.CPU: b"module of " + key.encode()})
+
+
+def _holding(cache, key: str, put_after: float | None, ready: "threading.Event") -> "threading.Thread":
+    """A thread that takes the claim on `key` (a process compiling it) and puts its
+    entry after `put_after` seconds (or never)."""
+    import threading
+
+    def compile_it():
+        with cache.single_flight(key, wait_s=30) as found:
+            assert found is None
+            ready.set()
+            if put_after is not None:
+                time.sleep(put_after)
+                cache.put(key, {Target.CPU: b"module of " + key.encode()})
+            else:
+                time.sleep(1.0)
+    thread = threading.Thread(target=compile_it)
+    thread.start()
+    assert ready.wait(10)
+    return thread
+
+
+def test_a_process_waits_for_the_one_compiling_and_is_served_its_entry(tmp_path):
+    import threading
+
+    from tori.cache import CompileCache
+
+    # Two caches on one directory stand for two processes: their flock locks conflict.
+    first, second = (CompileCache(DiskCache(tmp_path, 1 << 30)) for _ in range(2))
+    holder = _holding(first, "ab01", put_after=0.5, ready=threading.Event())
+    start = time.monotonic()
+    with count_graphs() as count, second.single_flight("ab01", wait_s=30) as found:
+        waited = time.monotonic() - start
+    holder.join()
+    assert found == {Target.CPU: b"module of ab01"} and waited >= 0.3
+    assert (count.cache_hits, count.cache_waits, count.cache_misses) == (1, 1, 0)
+
+
+def test_a_waiter_compiles_itself_when_its_wait_runs_out(tmp_path, caplog):
+    import threading
+
+    from tori.cache import CompileCache
+
+    first, second = (CompileCache(DiskCache(tmp_path, 1 << 30)) for _ in range(2))
+    holder = _holding(first, "ab02", put_after=None, ready=threading.Event())
+    with caplog.at_level(logging.WARNING, logger="tori.cache"), count_graphs() as count, \
+            second.single_flight("ab02", wait_s=0.2) as found:
+        assert found is None
+    holder.join()
+    assert (count.cache_misses, count.cache_waits) == (1, 0)
+    assert any("cache_wait_s" in r.getMessage() and "compiling it here too" in r.getMessage() for r in caplog.records)
+
+
+def test_the_lock_of_a_process_that_died_is_released(tmp_path):
+    from tori.cache import CompileCache
+
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        import sys, time
+        from pathlib import Path
+        from tori.cache import CompileCache, DiskCache
+        with CompileCache(DiskCache(Path({str(tmp_path)!r}), 1 << 30)).single_flight("ab03", wait_s=30) as found:
+            print("holding", flush=True)
+            time.sleep(60)
+    """)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "holding"
+    holder.kill()
+    holder.wait(10)
+    start = time.monotonic()
+    with CompileCache(DiskCache(tmp_path, 1 << 30)).single_flight("ab03", wait_s=30) as found:
+        assert found is None
+    assert time.monotonic() - start < 5
+
+
+def test_machines_sharing_redis_wait_for_one_compile(tmp_path, redis_url, monkeypatch):
+    import threading
+
+    from tori.cache import CompileCache, RedisCache
+
+    # Two machines: their own local directories, one Redis server.
+    machines = [CompileCache(DiskCache(tmp_path / name, 1 << 30), RedisCache(redis_url, b"fleet-secret"))
+                for name in ("a", "b")]
+    holder = _holding(machines[0], "ab04", put_after=0.5, ready=threading.Event())
+    with count_graphs() as count, machines[1].single_flight("ab04", wait_s=30) as found:
+        pass
+    holder.join()
+    assert found == {Target.CPU: b"module of ab04"}
+    assert (count.cache_hits, count.cache_waits) == (1, 1)
+    assert len(entries(tmp_path / "b")) == 1
+
+
+def test_two_machines_compiling_one_model_at_once_compile_it_once(tmp_path, redis_url):
+    import redis
+
+    redis.Redis.from_url(redis_url).flushdb()  # the model's entry from the tests before
+    environ = {**os.environ, "TORI_CACHE_URL": redis_url, "TORI_CACHE_KEY": "fleet-secret"}
+    children = [subprocess.Popen([sys.executable, "-c", CHILD, str(ROOT / "benchmarks")], text=True,
+                                 stdout=subprocess.PIPE, env={**environ, "TORI_CACHE_DIR": str(tmp_path / name)})
+                for name in ("a", "b")]
+    results = [json.loads(c.communicate(timeout=300)[0].strip().splitlines()[-1]) for c in children]
+    assert all(c.returncode == 0 for c in children)
+    assert sum(r["iree_compiles"] for r in results) == 1
+    assert all(r["compiled_graphs"] == 1 for r in results)

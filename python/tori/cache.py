@@ -20,19 +20,22 @@ cannot make another machine load its code.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import hmac
 import json
 import logging
 import os
 import platform
+import secrets
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from functools import lru_cache
 from importlib import metadata
 from pathlib import Path
-from typing import Iterable, Mapping
+from typing import Iterable, Iterator, Mapping
 
 from tori.config import Options
 from tori.stats import counters
@@ -42,7 +45,11 @@ log = logging.getLogger("tori.cache")
 
 MAGIC = b"TORI-CACHE 1\n"
 ENTRY_SUFFIX = ".entry"
+LOCK_SUFFIX = ".lock"
 REDIS_PREFIX = "tori:cache:"
+REDIS_LOCK_PREFIX = "tori:compiling:"
+# How often a process waiting for another's compile looks for the entry.
+POLL_S = 0.05
 KEY_ENV = "TORI_CACHE_KEY"  # the HMAC secret of the shared cache; deliberately not an Option (never printed)
 # A temporary entry file this old belongs to a writer that died: writing one takes milliseconds.
 STALE_TEMPORARY_S = 3600
@@ -193,6 +200,36 @@ class DiskCache:
     def path(self, key: str) -> Path:
         return self.directory / key[:2] / f"{key}{ENTRY_SUFFIX}"
 
+    @contextmanager
+    def compiling(self, key: str, wait_s: float) -> Iterator[tuple[bool, bool]]:
+        """Hold the lock of `key`'s entry among the processes sharing this directory,
+        waiting up to `wait_s` for a process that holds it; yields whether this process
+        holds it (not after the wait ran out, nor where no lock can be taken) and whether
+        it waited. The kernel releases the lock of a process that dies (flock)."""
+        path = self.path(key).with_suffix(LOCK_SUFFIX)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError:
+            yield False, False  # a read-only cache: nothing to coordinate through
+            return
+        try:
+            deadline, waited = time.monotonic() + wait_s, False
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    held = True
+                    break
+                except BlockingIOError:
+                    waited = True
+                    if time.monotonic() >= deadline:
+                        held = False
+                        break
+                    time.sleep(POLL_S)
+            yield held, waited
+        finally:
+            os.close(fd)  # releases the lock; the file stays for the next compile of this key
+
     def get(self, key: str) -> dict[Target, bytes] | None:
         found = self.read(key)
         return found[0] if found is not None else None
@@ -242,7 +279,7 @@ class DiskCache:
         # A writer killed between mkstemp and rename leaves its temporary file: never
         # read (only *.entry is), but it would hold disk space forever.
         cutoff = time.time() - STALE_TEMPORARY_S
-        for path in self.directory.glob("??/*.tmp"):
+        for path in [*self.directory.glob("??/*.tmp"), *self.directory.glob(f"??/*{LOCK_SUFFIX}")]:
             try:
                 if path.stat().st_mtime < cutoff:
                     path.unlink()
@@ -303,13 +340,31 @@ class RedisCache:
     def put(self, key: str, entry: bytes) -> None:
         self._call("set", REDIS_PREFIX + key, self._sign(key, entry) + b"\n" + entry)
 
-    def _call(self, method: str, *args):
+    def claim(self, key: str, ttl_s: float) -> bytes | None:
+        """Take the cluster-wide claim on compiling `key` (expiring after `ttl_s`, so a
+        machine that dies releases it); its token, None where another process holds it.
+        An unreachable server gives the claim: the local cache goes on alone."""
+        token = secrets.token_hex(8).encode()
+        if self._failed:
+            return token
+        taken = self._call("set", REDIS_LOCK_PREFIX + key, token, nx=True, px=max(1, int(ttl_s * 1000)))
+        return token if taken or self._failed else None
+
+    def claimed(self, key: str) -> bool:
+        return bool(self._call("exists", REDIS_LOCK_PREFIX + key))
+
+    def release(self, key: str, token: bytes) -> None:
+        # Only the claim's owner deletes it (a claim that expired may belong to another process by now).
+        self._call("eval", "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end "
+                           "return 0", 1, REDIS_LOCK_PREFIX + key, token)
+
+    def _call(self, method: str, *args, **kwargs):
         if self._failed:
             return None
         import redis
 
         try:
-            return getattr(self._client, method)(*args)
+            return getattr(self._client, method)(*args, **kwargs)
         except redis.RedisError as error:
             self._failed = True  # one warning, then the local cache alone
             log.warning("tori: shared compile cache %s unreachable (%s); using the local cache only", self.url, error)
@@ -348,6 +403,60 @@ class CompileCache:
                 else:
                     self._put_local(key, entry)
         return found
+
+    @contextmanager
+    def single_flight(self, key: str, wait_s: float) -> Iterator[dict[Target, bytes] | None]:
+        """The vmfbs under `key`, or None: then the caller compiles them and `put`s them
+        inside the `with`, while other processes asking for `key` wait (up to `wait_s`)
+        and are then served its entry. Processes sharing the local directory coordinate
+        through a file lock, machines sharing the Redis cache through a claim in Redis.
+        A waiter whose wait runs out (a compile longer than `wait_s`) compiles itself.
+        Counted as one hit or one miss; `cache_waits` counts the hits that waited."""
+        found = self.read(key)
+        if found is not None:
+            counters.cache_hits += 1
+            yield found[0]
+            return
+        start = time.monotonic()
+        with self.local.compiling(key, wait_s) as (held, waited_locally):
+            # Compiled by the process that held the lock?
+            found = self.read(key) if waited_locally else None
+            token = None
+            if found is None and held and self.shared is not None:
+                token, waited_shared = self._claim_shared(key, max(0.0, wait_s - (time.monotonic() - start)))
+                found = self.read(key) if waited_shared else None
+            waited = time.monotonic() - start
+            if found is not None:
+                counters.cache_hits += 1
+                counters.cache_waits += 1
+                log.info("tori: graph %s compiled by another process; served after %.2f s", key[:16], waited)
+                yield found[0]
+                return
+            if not held or (self.shared is not None and token is None):
+                log.warning("tori: waited %.0f s for another process to compile %s (option cache_wait_s); "
+                            "compiling it here too", waited, key[:16])
+            counters.cache_misses += 1
+            try:
+                yield None
+            finally:
+                if token is not None:
+                    self.shared.release(key, token)
+
+    def _claim_shared(self, key: str, wait_s: float) -> tuple[bytes | None, bool]:
+        """The shared cache's claim on `key` (None once the entry arrived or the wait
+        ran out), waiting while another machine holds it; and whether it waited."""
+        deadline, waited = time.monotonic() + wait_s, False
+        while True:
+            token = self.shared.claim(key, ttl_s=max(wait_s, 1.0))
+            if token is not None:
+                return token, waited
+            waited = True
+            while self.shared.claimed(key) and time.monotonic() < deadline:
+                if self.shared.get(key) is not None:
+                    return None, waited
+                time.sleep(POLL_S)
+            if time.monotonic() >= deadline or self.shared.get(key) is not None:
+                return None, waited
 
     def put(self, key: str, vmfbs: Mapping[Target, bytes], meta: Mapping | None = None) -> None:
         entry = encode_entry(key, vmfbs, meta)

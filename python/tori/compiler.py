@@ -78,6 +78,10 @@ def compile(model: Callable | None = None, *, target: Target | str | None = None
                            unknown=True)
     if model is None:
         return lambda fn: torch.compile(fn, backend=backend, options=options, **torch_compile_kwargs)
+    from tori.distributed import compile_data_parallel
+
+    if (compiled := compile_data_parallel(model, backend=backend, options=options, **torch_compile_kwargs)) is not None:
+        return compiled
     return torch.compile(model, backend=backend, options=options, **torch_compile_kwargs)
 
 

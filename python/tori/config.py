@@ -109,6 +109,9 @@ class Options:
     cache_dir: Path = field(default_factory=lambda: _default_cache_dir())
     cache_max_bytes: int = 4 << 30
     cache_url: str | None = None
+    # Processes that compile the same graph at once compile it once: one compiles, the
+    # others wait for its cache entry this many seconds at most, then compile themselves.
+    cache_wait_s: float = 600.0
 
     def replace(self, **changes: Any) -> "Options":
         return dataclasses.replace(self, **changes)
@@ -190,13 +193,14 @@ def _coerce(name: str, value: Any) -> Any:
         if isinstance(value, str):
             return tuple(value.split())
         return tuple(str(v) for v in value)
-    if name == "compile_timeout_s":
+    if name in ("compile_timeout_s", "cache_wait_s"):
         try:
             seconds = float(value)
         except (TypeError, ValueError):
             seconds = -1.0
-        if isinstance(value, bool) or not seconds > 0:
-            raise OptionsError("compile_timeout_s", value, ["a positive number of seconds"])
+        if isinstance(value, bool) or not (seconds > 0 or (name == "cache_wait_s" and seconds == 0)):
+            raise OptionsError(name, value, ["a positive number of seconds" if name == "compile_timeout_s"
+                                             else "a number of seconds, 0 or more"])
         return seconds
     if name in _COUNTS:
         return _count(name, value, _COUNTS[name])
@@ -266,6 +270,7 @@ ENVIRONMENT = {
     "TORI_CACHE_DIR": "cache_dir",
     "TORI_CACHE_MAX_SIZE": "cache_max_bytes",
     "TORI_CACHE_URL": "cache_url",
+    "TORI_CACHE_WAIT": "cache_wait_s",
 }
 
 

@@ -25,6 +25,7 @@ class Counters:
     cache_misses: int = 0  # graphs looked up in the compile cache and not found
     cache_corrupt: int = 0  # cache entries that failed their content hash (deleted)
     cache_refused: int = 0  # shared cache entries not signed with TORI_CACHE_KEY
+    cache_waits: int = 0  # cache hits on modules another process compiled while this one waited for them
     # Dynamo graphs served from the compile cache before AOTAutograd traced them (frontend/graph_cache.py)
     graph_cache_hits: int = 0
 

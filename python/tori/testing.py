@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+from tori.errors import ToriRuntimeError
 from tori.stats import Counters, counters
 
 
@@ -168,3 +169,46 @@ def import_timm():
     import timm
 
     return timm
+
+
+class RanksFailed(ToriRuntimeError):
+    """A rank of `run_ranks` raised, died or ran past its time limit."""
+
+
+def free_port() -> int:
+    """A TCP port free on loopback now, for a process group's rendezvous."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def run_ranks(fn: Callable[..., None], world_size: int = 2, *, args: tuple = (), timeout_s: float = 300.0) -> None:
+    """Run `fn(rank, world_size, port, *args)` in `world_size` fresh processes
+    (torch.multiprocessing, spawn), `port` a free loopback port for their rendezvous
+    (`init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", ...)`).
+
+    Returns when every rank returned. Raises RanksFailed, after stopping the other
+    ranks, as soon as one raises or dies, and when they run past `timeout_s`: a rank
+    that dies mid-collective never leaves the others waiting.
+    """
+    import time
+
+    import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import ProcessException
+
+    context = mp.start_processes(fn, args=(world_size, free_port(), *args), nprocs=world_size, join=False,
+                                 start_method="spawn")
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not context.join(timeout=0.5):
+            if time.monotonic() > deadline:
+                raise RanksFailed(f"{world_size} ranks ran past {timeout_s:.0f} s; stopped")
+    except ProcessException as error:
+        raise RanksFailed(f"rank {error.error_index} failed: {error}") from None
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
+            process.join(5)

@@ -17,6 +17,7 @@ import torch.fx
 from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.exc import BackendCompilerFailed, RestartAnalysis, SkipFrame
 
+from tori import distributed
 from tori.config import Fallback, Options
 from tori.errors import CheckFailedError, CompileError, OptionsError, ToriError, ToriRuntimeError, through_dynamo
 from tori.frontend.compile_graph import compile_graph
@@ -52,6 +53,8 @@ def tori_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], options: d
         raise through_dynamo(error) from None
     record = new_record(opts)
     record.dynamo_code = gm.code
+    record.rank = distributed.rank()
+    record.ddp_bucket = distributed.ddp_bucket()
     rewrite_tensor_start_narrows(gm)
     key, served = graph_cache.lookup(gm, example_inputs, opts, record)
     if served is not None:
@@ -279,8 +282,8 @@ def _fall_back(error: CompileError, gm: torch.fx.GraphModule, options: Options, 
     counters.fallback_graphs += 1
     where = f"stage '{error.stage}'" + (f", op {error.op}" if error.op else "")
     log.warning(
-        "tori: graph %s runs in eager PyTorch (%s): %s%s",
-        error.graph, where, error.reason.splitlines()[0] if error.reason else "",
+        "tori: graph %s%s runs in eager PyTorch (%s): %s%s",
+        error.graph, distributed.describe(), where, error.reason.splitlines()[0] if error.reason else "",
         f"; repro: {error.command}" if error.command else "",
     )
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import nullcontext
 from dataclasses import replace
 
 import torch.fx
@@ -68,26 +69,26 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
         cache = None if options.dump_iree_phases else compile_cache(options)
         record.codegen = codegen.choose(gm, options, compiled_targets(options))
         key = compile_key(record.stages[Stage.TORI], options, record.codegen) if cache is not None else None
-        vmfbs = cache.get(key) if cache is not None else None
-        if vmfbs is not None:
-            stage_log.info("%s: served by the compile cache", record.name)
         record.modules_key = key
         invocation = build_invocation(options, options.target, iree_dump_flags(record, options), record.codegen)
         record.stages[Stage.IREE] = invocation.shell_command(f"{record.name}.mlirbc", f"{record.name}.vmfb")
-        if vmfbs is None or inspecting:
-            lower_for_iree(module, graph=record.name)
-        if inspecting:
-            record.iree_input = str(module)
-        if vmfbs is None:
-            # IREE's own ops (the globals of resident weights) parse only in IREE's context: text then.
-            bytecode = module.operation.get_asm(enable_debug_info=True).encode() if resident else to_bytecode(module)
-            others = OtherTargets(bytecode, options, record.name, record.stages[Stage.TORI], record.codegen)  # meanwhile
-            with stage(record.name, f"iree-compile ({options.target.value})"):
-                vmfb, invocation = _compile_main_target(bytecode, invocation, options, record)
-            record.iree_bytecode, record.iree_invocation = bytecode, invocation
-            vmfbs = {options.target: vmfb, **others.result()}
-            if cache is not None:
-                cache.put(key, vmfbs, {"graph": record.name, "kind": record.kind})
+        with cache.single_flight(key, options.cache_wait_s) if cache is not None else nullcontext() as vmfbs:
+            if vmfbs is not None:
+                stage_log.info("%s: served by the compile cache", record.name)
+            if vmfbs is None or inspecting:
+                lower_for_iree(module, graph=record.name)
+            if inspecting:
+                record.iree_input = str(module)
+            if vmfbs is None:
+                # IREE's own ops (the globals of resident weights) parse only in IREE's context: text then.
+                bytecode = module.operation.get_asm(enable_debug_info=True).encode() if resident else to_bytecode(module)
+                others = OtherTargets(bytecode, options, record.name, record.stages[Stage.TORI], record.codegen)
+                with stage(record.name, f"iree-compile ({options.target.value})"):
+                    vmfb, invocation = _compile_main_target(bytecode, invocation, options, record)
+                record.iree_bytecode, record.iree_invocation = bytecode, invocation
+                vmfbs = {options.target: vmfb, **others.result()}
+                if cache is not None:
+                    cache.put(key, vmfbs, {"graph": record.name, "kind": record.kind})
         record.stages[Stage.VMFB] = vmfbs[options.target]
         compiled = runtime_graph(record.name, vmfbs, signature, options, static_args)
         record.compiled = compiled

@@ -80,6 +80,10 @@ class CompileRecord:
     dynamo_code: str = ""
     graphs: list[GraphRecord] = field(default_factory=list)
     error: CompileError | None = None  # set when the whole Dynamo graph fell back
+    # Under torch.distributed: the rank that compiled it, and for a piece of a DDP model
+    # that Dynamo's DDPOptimizer split at gradient-bucket boundaries, the bucket's index.
+    rank: int | None = None
+    ddp_bucket: int | None = None
 
     def graph(self, kind: str) -> GraphRecord | None:
         return next((g for g in self.graphs if g.kind == kind), None)

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from tori.cache import compile_key, versions
 from tori.config import Options
+from tori.distributed import per_rank
 from tori.frontend.records import GraphRecord
 from tori.stages import Stage
 
@@ -62,7 +63,8 @@ def elided(text: str, keep_large_constants: bool = False) -> str:
 
 
 def graph_dir(dump_dir: Path, record: GraphRecord) -> Path:
-    return Path(dump_dir) / record.name
+    """<dump_dir>/<graph>, or <dump_dir>/rank<R>/<graph> under torch.distributed."""
+    return per_rank(dump_dir, directory=True) / record.name
 
 
 def iree_dump_flags(record: GraphRecord, options: Options) -> tuple[str, ...]:

@@ -22,6 +22,7 @@ from pygments.lexers import BashLexer, PythonLexer
 
 from tori.cache import compile_key, content_hash
 from tori.config import Options
+from tori.distributed import per_rank
 from tori.frontend.records import CompileRecord, GraphRecord, compile_records
 from tori.stages import Stage
 from tori.tools.dump import stage_texts
@@ -173,7 +174,10 @@ def _record_section(record: CompileRecord, formatter: HtmlFormatter) -> str:
                 f"{html.escape(record.error.reason.splitlines()[0])}</span></p>")
     else:
         body = "".join(_graph_section(g, record.options, formatter) for g in record.graphs)
-    return (f'<section class="dynamo-graph" id="{html.escape(record.name)}"><h2>Dynamo graph {html.escape(record.name)}</h2>'
+    where = "".join(f" <small>({html.escape(text)})</small>" for text in (
+        f"rank {record.rank}" if record.rank is not None else "",
+        f"DDP bucket {record.ddp_bucket}" if record.ddp_bucket is not None else "") if text)
+    return (f'<section class="dynamo-graph" id="{html.escape(record.name)}"><h2>Dynamo graph {html.escape(record.name)}{where}</h2>'
             f'<details class="guards"><summary>{len(guards)} guards</summary><ul>{guard_list}</ul></details>'
             f"{body}</section>")
 
@@ -248,10 +252,12 @@ def render(records: list[CompileRecord], facts: RunFacts | None = None) -> str:
 def write_report(path: Path | str, *, options: Options | None = None, records: list[CompileRecord] | None = None,
                  facts: RunFacts | None = None) -> Path:
     """Write the report of `records` (default: every record compiled with option
-    `report` set to `path`) to `path`."""
+    `report` set to `path`) to `path` (under torch.distributed, to this rank's file:
+    `report.rank1.html`)."""
     path = Path(path)
     if records is None:
         records = [r for r in compile_records() if r.options.report is not None and Path(r.options.report) == path]
+    path = per_rank(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render(records, facts))
     return path
