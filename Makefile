@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tori-installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv demo test bench bench-models fuzz conformance clean
+.PHONY: all venv demo test bench bench-models bench-distributed fuzz conformance clean
 
 all: test
 
@@ -36,6 +36,10 @@ bench: $(STAMP)
 BENCH_MODELS_ARGS ?=
 bench-models: $(STAMP)
 	$(PY) benchmarks/bench_models.py --json benchmarks/results/models.json $(BENCH_MODELS_ARGS)
+
+# DDP training step time on 2 gloo ranks: eager vs inductor vs tori in one run (docs/distributed.md).
+bench-distributed: $(STAMP)
+	$(PY) benchmarks/distributed.py --json benchmarks/results/distributed.json
 
 # Differential fuzzing against eager, a longer budget than the test suite's (FUZZ_ARGS: --seeds, --batches).
 FUZZ_ARGS ?=

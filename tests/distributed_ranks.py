@@ -5,10 +5,12 @@ OUT/<scenario>.rank<R>.json for tests/test_distributed.py to check.
     python tests/distributed_ranks.py OUT SCENARIO [SCENARIO ...] [--world-size 2] [--timeout 300]
 
 Scenarios: ddp (a model with its own forward, torch.compile), ddp_sequential (an
-nn.Sequential, tori.compile), ddp_fallback (a piece that falls back), fsdp2 (fully_shard per block and the root, each block
-compiled), checkpoint (activation checkpointing in the compiled graph), guard_collectives
-(a guard that fails on rank 1 only), die (rank 1 exits mid-collective). The ranks share
-TORI_CACHE_DIR, so every distinct graph should be compiled once.
+nn.Sequential, tori.compile), ddp_fallback (a piece that falls back), fsdp2
+(fully_shard per block and the root, each block compiled), fsdp2_root (the root
+compiled), checkpoint (activation checkpointing in the compiled graph),
+guard_collectives (a guard that fails on rank 1 only), die (rank 1 exits
+mid-collective). The ranks share TORI_CACHE_DIR, so every distinct graph should be
+compiled once.
 """
 
 from __future__ import annotations
@@ -53,11 +55,22 @@ class Block(torch.nn.Module):
 
 
 class Blocks(torch.nn.Module):
-    def __init__(self, depth: int = 2, width: int = 64, checkpointed: bool = False):
+    def __init__(self, depth: int = 2, width: int = 64):
         super().__init__()
         self.blocks = torch.nn.ModuleList(Block(width) for _ in range(depth))
         self.head = torch.nn.Linear(width, 8)
-        self.checkpointed = checkpointed
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+class CheckpointedBlocks(Blocks):
+    """Blocks, each checkpointed when `checkpointed` (a forward of its own: Dynamo's
+    cache is per code object, and the FSDP scenarios compile Blocks.forward)."""
+
+    checkpointed = False
 
     def forward(self, x):
         from torch.utils.checkpoint import checkpoint
@@ -163,22 +176,32 @@ def ddp_fallback(rank: int, out: Path) -> dict:
     return result
 
 
-def fsdp2(rank: int) -> dict:
-    """fully_shard per block and the root; each block compiled by tori."""
+def fsdp2(rank: int, whole: bool = False) -> dict:
+    """fully_shard per block and the root; each block compiled by tori (or, `whole`,
+    the root model)."""
     from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(0)
-    eager, mine = Blocks(), None
+    eager = Blocks()
     mine = copy.deepcopy(eager)
     for model in (eager, mine):
         for block in model.blocks:
             fully_shard(block)
         fully_shard(model)
-    for block in mine.blocks:
-        block.compile(backend="tori", options=STRICT)
-    result = _train_both(eager, mine, mine, _input(rank, 4, 16, 64))
+    if whole:
+        call = torch.compile(mine, backend="tori", options=STRICT)
+    else:
+        for block in mine.blocks:
+            block.compile(backend="tori", options=STRICT)
+        call = mine
+    result = _train_both(eager, call, mine, _input(rank, 4, 16, 64))
     result["sharded"] = all(hasattr(p, "full_tensor") for p in mine.parameters())
     return result
+
+
+def fsdp2_root(rank: int) -> dict:
+    """fully_shard per block and the root; the root compiled by tori."""
+    return fsdp2(rank, whole=True)
 
 
 def checkpoint(rank: int) -> dict:
@@ -188,7 +211,7 @@ def checkpoint(rank: int) -> dict:
     from tori.stages import Stage
 
     torch.manual_seed(0)
-    plain = Blocks(depth=4, width=128)
+    plain = CheckpointedBlocks(depth=4, width=128)
     result = {}
     for checkpointed in (False, True):
         eager = copy.deepcopy(plain)
@@ -263,7 +286,7 @@ def die(rank: int) -> dict:
     return {}
 
 
-SCENARIOS = {f.__name__: f for f in (ddp, ddp_sequential, ddp_fallback, fsdp2, checkpoint, guard_collectives, die)}
+SCENARIOS = {f.__name__: f for f in (ddp, ddp_sequential, ddp_fallback, fsdp2, fsdp2_root, checkpoint, guard_collectives, die)}
 TAKES_OUT = {"ddp_fallback"}
 
 
