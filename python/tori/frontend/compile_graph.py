@@ -114,22 +114,27 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
 
 def _compile_main_target(bytecode: bytes, invocation, options: Options, record: GraphRecord):
     """iree-compile for the main target; where the flags of the code generation
-    strategy make IREE fail, once more with IREE's defaults (one warning): a rule is a
-    speed choice and must never cost a graph its compile. Returns the vmfb and the
-    invocation that made it."""
-    try:
-        return run_iree_compile(bytecode, invocation, graph=record.name, timeout_s=options.compile_timeout_s), invocation
-    except CompileError as error:
-        # An op IREE cannot lower, or a compile past its time limit, fails with any flags.
-        if isinstance(error, UnsupportedOpError) or not record.codegen.flags_for(options.target) \
-                or "did not finish" in error.reason:
-            raise
-        log.warning("tori: graph %s: iree-compile failed with the code generation flags for %s (%s); compiling "
-                    "with IREE's defaults", record.name, record.codegen, error.reason)
-        record.codegen = record.codegen.without_rules(f"iree-compile failed with them: {error.reason}")
-        retry = build_invocation(options, options.target, iree_dump_flags(record, options), record.codegen)
-        record.stages[Stage.IREE] = retry.shell_command(f"{record.name}.mlirbc", f"{record.name}.vmfb")
-        return run_iree_compile(bytecode, retry, graph=record.name, timeout_s=options.compile_timeout_s), retry
+    strategy make IREE fail, once more with IREE's other data-tiling path if the
+    strategy data-tiles, then with IREE's defaults (one warning): a rule is a speed
+    choice and must never cost a graph its compile. Returns the vmfb and the invocation
+    that made it."""
+    while True:
+        try:
+            return run_iree_compile(bytecode, invocation, graph=record.name,
+                                    timeout_s=options.compile_timeout_s), invocation
+        except CompileError as error:
+            # An op IREE cannot lower, or a compile past its time limit, fails with any flags.
+            if isinstance(error, UnsupportedOpError) or not record.codegen.flags_for(options.target) \
+                    or "did not finish" in error.reason:
+                raise
+            failed = record.codegen
+            record.codegen = failed.other_data_tiling_path(options.target, error.reason) \
+                or failed.without_rules(f"iree-compile failed with them: {error.reason}")
+            log.warning("tori: graph %s: iree-compile failed with the code generation flags for %s (%s); compiling "
+                        "with %s", record.name, failed, error.reason,
+                        "IREE's global-optimization data tiling" if record.codegen.rules else "IREE's defaults")
+            invocation = build_invocation(options, options.target, iree_dump_flags(record, options), record.codegen)
+            record.stages[Stage.IREE] = invocation.shell_command(f"{record.name}.mlirbc", f"{record.name}.vmfb")
 
 
 def check_element_types(gm: torch.fx.GraphModule, graph: str) -> None:

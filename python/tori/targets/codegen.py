@@ -54,6 +54,12 @@ class Rule:
 _CHANNELS_LAST = "iree-preprocessing-convert-conv-to-channels-last"
 _IMG2COL = "iree-global-opt-convert-conv2d-to-img2col"
 _DATA_TILING = "--iree-opt-data-tiling=true"
+# IREE's other data-tiling path, from global optimization rather than dispatch creation
+# (the one --iree-opt-data-tiling picks): where the first fails to compile a graph, it
+# may not. A causal attention's backward (its i1 mask fused into a data-tiled matmul's
+# dispatch fails to encode) compiles with it: 6-block transformer, width 256, 64 tokens,
+# batch 8, one thread, backward 168 ms with IREE's defaults, 114 with it (eager 79).
+_GLOBAL_DATA_TILING = "--iree-global-opt-data-tiling"
 
 # Measured with benchmarks/bench_models.py and iree-profile (docs/performance.md,
 # "Code generation per op family"); batch 1, 224x224 images, 2 cores.
@@ -92,10 +98,21 @@ class Strategy:
     def without_rules(self, reason: str) -> "Strategy":
         return Strategy(self.uses, dropped=reason)
 
+    def other_data_tiling_path(self, target: Target, reason: str) -> "Strategy | None":
+        """The same rules with IREE's global-optimization data-tiling path for `target`,
+        None where they do not data-tile (or already take that path)."""
+        flags = self.flags_for(target)
+        if _DATA_TILING not in flags:
+            return None
+        other = tuple(_GLOBAL_DATA_TILING if f == _DATA_TILING else f for f in flags)
+        return Strategy(self.uses, self.rules, {**self.flags, target: other},
+                        dropped=f"global-optimization data tiling: the default path failed: {reason}")
+
     def __str__(self) -> str:
         if not self.rules:
             return f"IREE defaults ({self.dropped})" if self.dropped else "IREE defaults"
-        return "; ".join(f"{r.family} on {r.target.value}: {r.name}" for r in self.rules)
+        text = "; ".join(f"{r.family} on {r.target.value}: {r.name}" for r in self.rules)
+        return f"{text} ({self.dropped})" if self.dropped else text
 
     def describe(self) -> list[dict]:
         """Per op family in the graph: its ops, work and the rule applied (for reports)."""
