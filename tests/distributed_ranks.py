@@ -168,11 +168,22 @@ def ddp_fallback(rank: int, out: Path) -> dict:
     handler = logging.Handler()
     handler.emit = lambda record: warnings.append(record.getMessage())
     logging.getLogger("tori").addHandler(handler)
+    from tori.stats import counters
+
+    before = counters.snapshot()
     try:
         result = _train_both(eager, compiled, mine, _input(rank, 8, 512))
     finally:
         logging.getLogger("tori").removeHandler(handler)
+    result["fallback_run"] = vars(counters.since(before))
     result["warnings"] = [w for w in warnings if "eager PyTorch" in w]
+    # With fallback="error" the same piece raises, on every rank alike.
+    strict = torch.compile(DDP(copy.deepcopy(base), bucket_cap_mb=1), backend="tori", options=STRICT)
+    try:
+        strict(_input(rank, 8, 512)(0))
+        result["strict_error"] = None
+    except Exception as error:  # noqa: BLE001 - reported to the test
+        result["strict_error"] = f"{type(error).__name__}: {error}"
     return result
 
 
