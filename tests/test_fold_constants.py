@@ -30,7 +30,7 @@ def scaled_by_table(x):
 
 
 def test_fold_constants_is_in_the_default_pipeline_and_it_can_be_emptied():
-    assert Options().pipeline == DEFAULT_PIPELINE == "tori-fold-empty-tensors, tori-fold-constants, tori-specialize-guards"
+    assert Options().tori_pipeline == DEFAULT_PIPELINE == "tori-fold-empty-tensors, tori-fold-constants, tori-specialize-guards"
     assert Options.from_mapping({"pipeline": ""}, base=Options()).pipeline == ""
 
 

@@ -84,7 +84,7 @@ def test_options_from_environment():
     assert Options.from_mapping({"fallback": "error"}, base=Options()).fallback is Fallback.ERROR
     assert from_environment({"TORI_PIPELINE": ""}).pipeline == ""
     assert from_environment({"TORI_FALLBACK": ""}).fallback is Fallback.EAGER
-    assert from_environment({}).pipeline == DEFAULT_PIPELINE
+    assert from_environment({}).pipeline is None and from_environment({}).tori_pipeline == DEFAULT_PIPELINE
 
 
 def test_every_stage_is_kept_in_order():

@@ -5,6 +5,7 @@ and the errors for targets and devices that are not there.
 """
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -245,3 +246,56 @@ def test_one_artifact_follows_the_inputs_between_cpu_and_cuda():
         out = compiled(x.cuda())
         assert out.is_cuda
         torch.testing.assert_close(out, model(x.cuda()), **TOLERANCE)
+
+
+# --- every path, every target: flags from one place, per-target default pipelines ---
+
+# The architecture flag each target's modules must be compiled with (None: its default).
+ARCHS = ((Target.CPU, None), (Target.CUDA, "sm_80"), (Target.CUDA, "sm_90"), (Target.ROCM, "gfx942"),
+         (Target.VULKAN, None))
+
+
+def _arch_options(target: Target, arch: str | None) -> dict:
+    return {spec(target).arch_option: arch} if arch else {}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_every_benchmark_model_inspects_and_exports_for_every_target(name, tmp_path):
+    model, inputs = MODELS[name].build().eval(), MODELS[name].example_inputs()
+    for target, arch in ARCHS:
+        options = _arch_options(target, arch)
+        shown = tori.compiler.inspect(model, *inputs, stages=["iree"], target=target.value, options=options)
+        command = shown.graphs[0]["iree"].splitlines()[0]
+        expected = compile_flags(target, arch or getattr(tori.Options(), spec(target).arch_option))[-1]
+        assert expected in command, (target, arch, command)
+    # One artifact for the four targets (CUDA as sm_80 PTX), and one of sm_90 (Hopper) PTX.
+    with torch.no_grad():
+        first = tori.export(model, tuple(inputs), targets=("cpu", "cuda", "rocm", "vulkan"), output_dir=tmp_path / "all",
+                            options={"cuda_arch": "sm_80", "rocm_chip": "gfx942"})
+        hopper = tori.export(model, tuple(inputs), targets=("cuda",), output_dir=tmp_path / "hopper",
+                             options={"cuda_arch": "sm_90"})
+    for target in (Target.CPU, Target.CUDA, Target.ROCM, Target.VULKAN):
+        _check_module(target, (first / f"{target.value}.vmfb").read_bytes(), DEFAULT_ARCH.get(target))
+    _check_module(Target.CUDA, (hopper / "cuda.vmfb").read_bytes(), "sm_90")
+
+
+def test_gpu_targets_fuse_attention_by_default_and_an_explicit_pipeline_wins(tmp_path):
+    from tori.config import DEFAULT_PIPELINE, GPU_PIPELINE
+
+    model, inputs = MODELS["hand_attention"].build().eval(), MODELS["hand_attention"].example_inputs()
+    assert tori.Options.from_mapping({"target": "cuda"}).tori_pipeline == GPU_PIPELINE
+    assert tori.Options.from_mapping({"target": "rocm"}).tori_pipeline == GPU_PIPELINE
+    assert tori.Options.from_mapping({"target": "cpu"}).tori_pipeline == DEFAULT_PIPELINE
+    kinds = {}
+    for label, targets, options in (("cuda", ("cuda",), {}), ("rocm", ("rocm",), {}), ("cpu", ("cpu",), {}),
+                                    ("cuda, explicit", ("cuda",), {"pipeline": DEFAULT_PIPELINE})):
+        with torch.no_grad():
+            out = tori.export(model, tuple(inputs), targets=targets, output_dir=tmp_path / label.replace(", ", "-"),
+                              options=options)
+        vmfb = (out / f"{targets[0]}.vmfb").read_bytes()
+        # IREE cuts an entry's name at 32 characters: "forward$async_dispatch_5_attenti".
+        kinds[label] = sum(bool(re.search(r"_dispatch_\d+_attenti", entry)) for entry in inspect_vmfb(vmfb).entry_points)
+    # IREE's fused attention dispatch on the GPU targets; the CPU, and a pipeline named
+    # without the fusion, keep the matmul + softmax + matmul dispatches.
+    assert kinds["cuda"] >= 1 and kinds["rocm"] >= 1, kinds
+    assert kinds["cpu"] == 0 and kinds["cuda, explicit"] == 0, kinds

@@ -17,11 +17,16 @@ from tori.errors import OptionsError
 from tori.targets import SPECS, Target
 
 
-# The tori pass pipeline run when options name none; here rather than in tori.passes,
-# which imports MLIR and every pass, so that reading options stays light. The fusion
-# passes (tori-fuse-attention, tori-fuse-layer-norm) cut IREE dispatches but were not
-# faster on the CPU benchmarks, so they are opt-in; docs/passes.md has the figures.
+# The tori pass pipeline run when options name none, per target; here rather than in
+# tori.passes, which imports MLIR and every pass, so that reading options stays light.
+# The fusion passes (tori-fuse-attention, tori-fuse-layer-norm) cut IREE dispatches but
+# were not faster on the CPU benchmarks, so the CPU (and Vulkan, measured on lavapipe, a
+# CPU) leave them out; CUDA and ROCm run them: IREE's fused attention kernel is its fast
+# path on those GPUs. docs/passes.md has the figures.
 DEFAULT_PIPELINE = "tori-fold-empty-tensors, tori-fold-constants, tori-specialize-guards"
+GPU_PIPELINE = f"{DEFAULT_PIPELINE}, tori-fuse-attention, tori-fuse-layer-norm"
+DEFAULT_PIPELINES = {Target.CPU: DEFAULT_PIPELINE, Target.VULKAN: DEFAULT_PIPELINE,
+                     Target.CUDA: GPU_PIPELINE, Target.ROCM: GPU_PIPELINE}
 
 
 class Fallback(str, enum.Enum):
@@ -82,8 +87,9 @@ class Options:
     resident_weights: bool = True
     # Extra flags appended to every iree-compile invocation.
     iree_flags: tuple[str, ...] = ()
-    # tori pass pipeline applied at the `tori` stage (comma-separated pass names; "" runs none).
-    pipeline: str = DEFAULT_PIPELINE
+    # tori pass pipeline applied at the `tori` stage (comma-separated pass names; "" runs
+    # none); None: the target's default (DEFAULT_PIPELINES; see `tori_pipeline`).
+    pipeline: str | None = None
     # Where failing IR and its reproducer command are written.
     repro_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "tori-repro")
     # When set, every stage of every compiled graph is written here (docs/inspect.md).
@@ -112,6 +118,11 @@ class Options:
     # Processes that compile the same graph at once compile it once: one compiles, the
     # others wait for its cache entry this many seconds at most, then compile themselves.
     cache_wait_s: float = 600.0
+
+    @property
+    def tori_pipeline(self) -> str:
+        """The pipeline these options run: `pipeline`, or the main target's default."""
+        return self.pipeline if self.pipeline is not None else DEFAULT_PIPELINES[self.target]
 
     def replace(self, **changes: Any) -> "Options":
         return dataclasses.replace(self, **changes)
@@ -204,6 +215,8 @@ def _coerce(name: str, value: Any) -> Any:
         return seconds
     if name in _COUNTS:
         return _count(name, value, _COUNTS[name])
+    if name == "pipeline" and value is None:
+        return None
     if name in ("cpu", "pipeline", "cuda_arch", "vulkan_target", "rocm_chip"):
         if not isinstance(value, str):
             raise OptionsError(name, value, ["a string"])

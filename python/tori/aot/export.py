@@ -43,8 +43,7 @@ from tori.passes.lower_dialect import lower_for_iree
 from tori.runtime import artifact as fmt
 from tori.stages import Stage
 from tori.targets import Target, codegen, spec
-from tori.targets.build import check_compiled_in, invocation
-from tori.targets.iree_compile import run_iree_compile
+from tori.targets.build import check_compiled_in, compile_with_strategy
 from tori.aot.parameters import ExternalParameters, dtype_name
 from tori.aot.trace import Traced, check_functional, trace
 
@@ -133,6 +132,8 @@ def _export(model: Any, args: tuple | None, kwargs: Mapping[str, Any] | None, *,
             c_embed: bool, name: str | None) -> Path:
     opts = Options.from_mapping(options)
     target_list = _targets(targets)
+    # One module for every target: the default pass pipeline is the first target's.
+    opts = opts.replace(target=target_list[0])
     check_compiled_in(target_list)
     entries = _entry_points(model, args, kwargs, dynamic_shapes, entry_points)
     output_dir = Path(output_dir)
@@ -156,8 +157,8 @@ def _export(model: Any, args: tuple | None, kwargs: Mapping[str, Any] | None, *,
             # The function's last argument seeds its random ops: a fresh value per call.
             specs[entry]["seed"] = {"dtype": "int64", "shape": [], "position": len(specs[entry]["inputs"])}
     module = importer.module
-    if opts.pipeline:
-        run_pipeline(module, opts.pipeline, graph=name)
+    if opts.tori_pipeline:
+        run_pipeline(module, opts.tori_pipeline, graph=name)
     lower_for_iree(module, graph=name)
     # Text when IREE's own ops are in it (parameters): their attributes parse only in IREE's context.
     source = str(module).encode() if hooks is not None else to_bytecode(module)
@@ -310,12 +311,12 @@ def _entry_spec(entry: str, program: torch.export.ExportedProgram, found: Traced
 
 def _compile(source: bytes, opts: Options, targets: tuple[Target, ...], name: str,
              strategy: codegen.Strategy) -> dict[Target, tuple[bytes, list[str]]]:
-    """Each target's vmfb and iree-compile flags, compiled side by side."""
-    invocations = {t: invocation(opts, t, codegen=strategy) for t in targets}
+    """Each target's vmfb and iree-compile flags, compiled side by side (as torch.compile
+    compiles them: `compile_with_strategy`)."""
     with concurrent.futures.ThreadPoolExecutor(max_workers=min(len(targets), os.cpu_count() or 1)) as pool:
-        futures = {t: pool.submit(run_iree_compile, source, inv, graph=f"{name}-{t.value}",
-                                  timeout_s=opts.compile_timeout_s) for t, inv in invocations.items()}
-        return {t: (f.result(), list(invocations[t].flags)) for t, f in futures.items()}
+        futures = {t: pool.submit(compile_with_strategy, source, opts, t, strategy, graph=f"{name}-{t.value}")
+                   for t in targets}
+        return {t: (vmfb, list(used.flags)) for t, (vmfb, used, _) in ((t, f.result()) for t, f in futures.items())}
 
 
 def _versions() -> dict[str, str]:
@@ -391,7 +392,7 @@ def _write(output_dir: Path, *, name: str, opts: Options, vmfbs, specs, symbols,
             "name": name,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "versions": _versions(),
-            "pipeline": opts.pipeline,
+            "pipeline": opts.tori_pipeline,
             "entry_points": specs,
             "symbols": symbols,
             "targets": manifest_targets,

@@ -15,7 +15,7 @@ import torch.fx
 
 from tori.cache import compile_cache, compile_key
 from tori.config import Options
-from tori.errors import CompileError, UnsupportedOpError
+from tori.errors import CompileError
 from tori.frontend.importer import import_graph, new_importer, to_bytecode
 from tori.frontend.resident import make_resident, resident_args, with_resident
 from tori.frontend.records import GraphRecord
@@ -27,8 +27,7 @@ from tori.runtime.compiled_graph import CompiledGraph
 from tori.runtime.targeted import runtime_graph
 from tori.stages import Stage
 from tori.targets import codegen
-from tori.targets.build import OtherTargets, compiled_targets, invocation as build_invocation
-from tori.targets.iree_compile import run_iree_compile
+from tori.targets.build import OtherTargets, compile_with_strategy, compiled_targets, invocation as build_invocation
 from tori.tools.dump import after_compile, current_guards, iree_dump_flags
 
 log = logging.getLogger("tori.compile")
@@ -58,10 +57,10 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
             else:
                 module, signature = import_graph(gm, graph_name=record.name)
         record.stages[Stage.TORCH] = str(module)
-        if options.pipeline:
+        if options.tori_pipeline:
             with stage(record.name, "tori passes"):
                 record.passes = [run if inspecting else replace(run, ir_after=None) for run in
-                                 run_pipeline(module, options.pipeline, graph=record.name)]
+                                 run_pipeline(module, options.tori_pipeline, graph=record.name)]
             record.stages[Stage.TORI] = str(module)
         else:
             record.stages[Stage.TORI] = record.stages[Stage.TORCH]
@@ -102,7 +101,7 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
             failing_ir = str(module)  # what iree-compile was given: the tori dialect lowered away
         record.error = write_repro(error, options.repro_dir, gm=gm, mlir=failing_ir,
                                    iree_command=getattr(error, "invocation", invocation),
-                                   pipeline=options.pipeline)
+                                   pipeline=options.tori_pipeline)
         raise record.error
     finally:
         record.compile_seconds = time.perf_counter() - start
@@ -113,28 +112,13 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
 
 
 def _compile_main_target(bytecode: bytes, invocation, options: Options, record: GraphRecord):
-    """iree-compile for the main target; where the flags of the code generation
-    strategy make IREE fail, once more with IREE's other data-tiling path if the
-    strategy data-tiles, then with IREE's defaults (one warning): a rule is a speed
-    choice and must never cost a graph its compile. Returns the vmfb and the invocation
-    that made it."""
-    while True:
-        try:
-            return run_iree_compile(bytecode, invocation, graph=record.name,
-                                    timeout_s=options.compile_timeout_s), invocation
-        except CompileError as error:
-            # An op IREE cannot lower, or a compile past its time limit, fails with any flags.
-            if isinstance(error, UnsupportedOpError) or not record.codegen.flags_for(options.target) \
-                    or "did not finish" in error.reason:
-                raise
-            failed = record.codegen
-            record.codegen = failed.other_data_tiling_path(options.target, error.reason) \
-                or failed.without_rules(f"iree-compile failed with them: {error.reason}")
-            log.warning("tori: graph %s: iree-compile failed with the code generation flags for %s (%s); compiling "
-                        "with %s", record.name, failed, error.reason,
-                        "IREE's global-optimization data tiling" if record.codegen.rules else "IREE's defaults")
-            invocation = build_invocation(options, options.target, iree_dump_flags(record, options), record.codegen)
-            record.stages[Stage.IREE] = invocation.shell_command(f"{record.name}.mlirbc", f"{record.name}.vmfb")
+    """iree-compile for the main target (`compile_with_strategy`: where the strategy's
+    flags fail, IREE's other data-tiling path, then its defaults); the strategy used
+    and its command are recorded. Returns the vmfb and the invocation that made it."""
+    vmfb, used, record.codegen = compile_with_strategy(bytecode, options, options.target, record.codegen,
+                                                       graph=record.name, extra=iree_dump_flags(record, options))
+    record.stages[Stage.IREE] = used.shell_command(f"{record.name}.mlirbc", f"{record.name}.vmfb")
+    return vmfb, used
 
 
 def check_element_types(gm: torch.fx.GraphModule, graph: str) -> None:

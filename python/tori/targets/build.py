@@ -5,11 +5,12 @@ iree-compile per target, run side by side (each is its own child process).
 from __future__ import annotations
 
 import concurrent.futures
+import logging
 import os
 import re
 
 from tori.config import Options
-from tori.errors import CompileError, OptionsError
+from tori.errors import CompileError, OptionsError, UnsupportedOpError
 from tori.targets import SPECS, Target, spec
 from tori.targets.codegen import Strategy
 from tori.targets.iree_compile import IreeInvocation, compile_flags, compiled_in_backends, run_iree_compile
@@ -73,6 +74,36 @@ def invocation(options: Options, target: Target, extra: tuple[str, ...] = (),
     return IreeInvocation(tuple(compile_flags(target, target_arch(options, target), chosen + options.iree_flags + extra)))
 
 
+log = logging.getLogger("tori.compile")
+
+
+def compile_with_strategy(bytecode: bytes, options: Options, target: Target, strategy: Strategy | None, *,
+                          graph: str, extra: tuple[str, ...] = ()) -> tuple[bytes, IreeInvocation, Strategy | None]:
+    """iree-compile for `target` with the code generation strategy's flags; where they
+    make IREE fail, once more with IREE's other data-tiling path if the strategy
+    data-tiles, then with IREE's defaults (a warning each): a rule is a speed choice
+    and must never cost a graph its compile. Returns the vmfb, the invocation that made
+    it and the strategy it used. The one way every path (torch.compile, every target of
+    a multi-target compile, export) compiles a module."""
+    current = invocation(options, target, extra, strategy)
+    while True:
+        try:
+            return run_iree_compile(bytecode, current, graph=graph, timeout_s=options.compile_timeout_s), current, strategy
+        except CompileError as error:
+            # An op IREE cannot lower, or a compile past its time limit, fails with any flags.
+            if strategy is None or not strategy.flags_for(target) or isinstance(error, UnsupportedOpError) \
+                    or "did not finish" in error.reason:
+                error.invocation = current  # for the repro command
+                raise
+            failed = strategy
+            strategy = failed.other_data_tiling_path(target, error.reason) \
+                or failed.without_rules(f"iree-compile failed with them: {error.reason}")
+            log.warning("tori: graph %s: iree-compile failed with the code generation flags for %s (%s); compiling "
+                        "with %s", graph, failed, error.reason,
+                        "IREE's global-optimization data tiling" if strategy.rules else "IREE's defaults")
+            current = invocation(options, target, extra, strategy)
+
+
 class OtherTargets:
     """The compiles of every target but the first, started at once in the background."""
 
@@ -80,27 +111,18 @@ class OtherTargets:
         targets = compiled_targets(options)
         check_compiled_in(targets)
         check_element_types(ir, options, graph)
-        self.invocations = {t: invocation(options, t, codegen=codegen) for t in targets[1:]}
+        others = targets[1:]
         self._pool = None
         self._futures: dict[Target, concurrent.futures.Future] = {}
-        if self.invocations:
-            self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(len(self.invocations), os.cpu_count() or 1))
-            self._futures = {
-                t: self._pool.submit(run_iree_compile, bytecode, inv, graph=f"{graph}-{t.value}",
-                                     timeout_s=options.compile_timeout_s)
-                for t, inv in self.invocations.items()}
+        if others:
+            self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=min(len(others), os.cpu_count() or 1))
+            self._futures = {t: self._pool.submit(compile_with_strategy, bytecode, options, t, codegen,
+                                                  graph=f"{graph}-{t.value}") for t in others}
 
     def result(self) -> dict[Target, bytes]:
         """Each target's vmfb; the first failure is raised (a CompileError naming the target)."""
         try:
-            vmfbs = {}
-            for target, future in self._futures.items():
-                try:
-                    vmfbs[target] = future.result()
-                except CompileError as error:
-                    error.invocation = self.invocations[target]  # for the repro command
-                    raise
-            return vmfbs
+            return {target: future.result()[0] for target, future in self._futures.items()}
         finally:
             if self._pool is not None:
                 self._pool.shutdown(wait=True, cancel_futures=True)

@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 from torch_mlir import ir
 
+from tori.config import Options
 from tori.frontend.importer import to_bytecode
 from tori.targets import Target
-from tori.targets.iree_compile import IreeInvocation, compile_flags, run_iree_compile
+from tori.targets.iree_compile import IreeInvocation, run_iree_compile
 
 # `flow.dispatch @executable::@entry(...)`, as IREE prints a dispatch in the flow phase.
 _DISPATCH = re.compile(r"\bflow\.dispatch @([\w$.-]+)::@([\w$.-]+)")
@@ -42,19 +43,24 @@ class Dispatches:
         return kinds
 
 
-def flow_ir(module: ir.Module | bytes, *, target: Target = Target.CPU, cpu: str = "host",
+def flow_ir(module: ir.Module | bytes, *, target: Target = Target.CPU, options: Options | None = None,
             flags: tuple[str, ...] = (), timeout_s: float = 600.0) -> str:
-    """The module after IREE's flow phase, as text."""
+    """The module after IREE's flow phase for `target`, as text: the flags are those
+    torch.compile uses for it (`tori.targets.build.invocation`: the target's own
+    architecture option from `options`, the user's `iree_flags`), then `flags`."""
+    from tori.targets.build import invocation as build_invocation
+
     bytecode = module if isinstance(module, bytes) else to_bytecode(module)
-    invocation = IreeInvocation(tuple(compile_flags(target, cpu, flags)) + ("--compile-to=flow",))
-    return run_iree_compile(bytecode, invocation, graph="dispatch-count", timeout_s=timeout_s).decode()
+    chosen = build_invocation(options or Options(), target, flags)
+    flow = IreeInvocation((*chosen.flags, "--compile-to=flow"))
+    return run_iree_compile(bytecode, flow, graph="dispatch-count", timeout_s=timeout_s).decode()
 
 
-def count_dispatches(module: ir.Module | bytes, *, target: Target = Target.CPU, cpu: str = "host",
+def count_dispatches(module: ir.Module | bytes, *, target: Target = Target.CPU, options: Options | None = None,
                      flags: tuple[str, ...] = (), timeout_s: float = 600.0) -> Dispatches:
     """The dispatches IREE forms for `module` (torch dialect, as an ir.Module or
-    its bytecode) compiled for `target` with the extra `flags`."""
-    return dispatches_of(flow_ir(module, target=target, cpu=cpu, flags=flags, timeout_s=timeout_s))
+    its bytecode) compiled for `target` as `options` say, with the extra `flags`."""
+    return dispatches_of(flow_ir(module, target=target, options=options, flags=flags, timeout_s=timeout_s))
 
 
 def recorded_flow_ir(graph, extra: tuple[str, ...] = (), timeout_s: float = 900.0) -> str | None:
@@ -92,4 +98,4 @@ def graph_dispatch_count(graph, options) -> int:
     lower_for_iree(module)
     chosen = graph.codegen.flags_for(options.target) if graph.codegen is not None else ()
     source = str(module).encode() if globals_ else module
-    return count_dispatches(source, target=options.target, cpu=options.cpu, flags=chosen + options.iree_flags).count
+    return count_dispatches(source, target=options.target, options=options, flags=chosen).count

@@ -58,7 +58,7 @@ class Outcome:
 def variants(pipelines: list[str], iree_flags: list[str]) -> list[Variant]:
     """Pair `--pipeline` and `--iree-flags` values in order; a single value of either
     applies to every variant."""
-    pipelines = pipelines or [Options().pipeline]
+    pipelines = pipelines or [Options().tori_pipeline]
     flags = iree_flags or [""]
     count = max(len(pipelines), len(flags))
     if len(pipelines) not in (1, count) or len(flags) not in (1, count):

@@ -58,7 +58,7 @@ def inspect(fn: Callable, *example_inputs: Any, stages: Iterable[str | Stage] | 
     from tori.frontend.importer import import_graph
     from tori.passes import run_pipeline
     from tori.passes.lower_dialect import lower_for_iree
-    from tori.targets.iree_compile import IreeInvocation, compile_flags
+    from tori.targets.build import invocation as build_invocation
     from tori.tools.dump import elided
 
     merged = dict(options or {})
@@ -94,13 +94,13 @@ def inspect(fn: Callable, *example_inputs: Any, stages: Iterable[str | Stage] | 
                 module, _ = import_graph(aot_gm, graph_name=name)
                 if Stage.TORCH in wanted:
                     texts[Stage.TORCH.value] = show(str(module))
-                if last >= TEXT_STAGES.index(Stage.TORI) and opts.pipeline:
-                    passes[-1] = run_pipeline(module, opts.pipeline, graph=name)
+                if last >= TEXT_STAGES.index(Stage.TORI) and opts.tori_pipeline:
+                    passes[-1] = run_pipeline(module, opts.tori_pipeline, graph=name)
                 if Stage.TORI in wanted:
                     texts[Stage.TORI.value] = show(str(module))
                 if Stage.IREE in wanted:
                     lower_for_iree(module, graph=name)
-                    command = IreeInvocation(tuple(compile_flags(opts.target, opts.cpu, opts.iree_flags)))
+                    command = build_invocation(opts, opts.target)
                     texts[Stage.IREE.value] = (f"// {command.shell_command(f'{name}.mlir', f'{name}.vmfb')}\n"
                                                + show(str(module)))
             return make_boxed_func(aot_gm.forward)

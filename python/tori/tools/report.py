@@ -78,7 +78,7 @@ def _dispatches(graph: GraphRecord, options: Options) -> int | None:
 
     try:
         module = ir.Module.parse(graph.iree_input, context=new_context())
-        count = count_dispatches(module, target=options.target, cpu=options.cpu, flags=options.iree_flags).count
+        count = count_dispatches(module, target=options.target, options=options).count
     except Exception as error:  # noqa: BLE001 - the report shows what it could count
         log.warning("could not count the dispatches of %s: %s", graph.name, error)
         count = None
@@ -150,7 +150,7 @@ def _graph_section(graph: GraphRecord, options: Options, formatter: HtmlFormatte
     facts = [
         ("kind", graph.kind), ("compile time", f"{graph.compile_seconds:.3f} s"),
         ("IREE dispatches", "-" if dispatches is None else str(dispatches)),
-        ("tori pipeline", options.pipeline or "(none)"), ("target", options.target.value),
+        ("tori pipeline", options.tori_pipeline or "(none)"), ("target", options.target.value),
         ("extra iree-compile flags", " ".join(flags) or "(none)"),
         ("content hash (compile cache key)",
          compile_key(graph.stages[Stage.TORI], options)[:16] if Stage.TORI in graph.stages else "-"),
