@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tori-installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv demo test bench bench-models bench-distributed fuzz conformance clean
+.PHONY: all venv demo test bench bench-models bench-distributed gpu-check-bundle fuzz conformance clean
 
 all: test
 
@@ -40,6 +40,14 @@ bench-models: $(STAMP)
 # DDP training step time on 2 gloo ranks: eager vs inductor vs tori in one run (docs/distributed.md).
 bench-distributed: $(STAMP)
 	$(PY) benchmarks/distributed.py --json benchmarks/results/distributed.json
+
+# The self-contained GPU check (docs/targets.md): artifacts for sm_90 and sm_80, IREE's
+# runtime wheel for the GPU machine's Python (GPU_PYTHON), tori's package and the scripts,
+# in build/gpu-check (under 64 MiB); `build/gpu-check/gpu_check.sh --dry-run` runs it here.
+GPU_PYTHON ?= 3.12
+gpu-check-bundle: $(STAMP)
+	$(PY) benchmarks/gpu_bundle.py --out build/gpu-check --python $(GPU_PYTHON)
+	du -sh build/gpu-check
 
 # Differential fuzzing against eager, a longer budget than the test suite's (FUZZ_ARGS: --seeds, --batches).
 FUZZ_ARGS ?=

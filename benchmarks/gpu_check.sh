@@ -1,29 +1,44 @@
 #!/usr/bin/env bash
-# On a machine with a CUDA GPU: the GPU tests, then every benchmark model on CUDA
-# against eager with latencies (eager, tori on CUDA). Under 5 minutes on one GPU.
-# Usage: benchmarks/gpu_check.sh [cuda_arch]   (default: sm_80 PTX, which any newer GPU runs)
+# The GPU check, run from inside a bundle that benchmarks/gpu_bundle.py built
+# (`make gpu-check-bundle`): installs IREE's runtime wheel into a temporary folder,
+# runs every artifact with tori's runtime on the GPU (numpy in and out, and CUDA
+# tensors by DLPack), compares with the expected outputs, times each against eager
+# PyTorch on the same GPU and writes one JSON. Under 5 minutes on one GPU.
+#
+#   ./gpu_check.sh [OUT.json]             on a machine with an NVIDIA GPU
+#   ./gpu_check.sh --dry-run [OUT.json]   here: the same models' cpu modules, and the
+#                                         carried wheel's install checked for its Python
 set -euo pipefail
-cd "$(dirname "$0")/.."
-PY=${PY:-.venv/bin/python}
-ARCH=${1:-sm_80}
-nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader || true
-$PY -c "import iree.runtime as rt; print('IREE cuda devices:', rt.get_driver('cuda').query_available_devices())"
-TORI_CUDA_ARCH=$ARCH timeout 240 $PY -m pytest -q -p no:cacheprovider -m gpu tests/test_targets.py -rs
-TORI_CUDA_ARCH=$ARCH timeout 120 $PY - <<'PY'
-import sys, time, torch
-sys.path.insert(0, "benchmarks")
-from models import MODELS
-def best(fn, x, n=20):
-    fn(*x); torch.cuda.synchronize(); times = []
-    for _ in range(n):
-        t = time.perf_counter(); fn(*x); torch.cuda.synchronize(); times.append(time.perf_counter() - t)
-    return min(times) * 1e3
-print(f"{'model':18} {'eager ms':>9} {'tori ms':>9} {'ratio':>6} {'max err':>9}")
-for name, spec in MODELS.items():
-    model = spec.build().cuda(); x = tuple(t.cuda() for t in spec.example_inputs())
-    with torch.no_grad():
-        compiled = torch.compile(model, backend="tori", options={"target": "cuda", "fallback": "error"})
-        err = (compiled(*x) - model(*x)).abs().max().item()
-        e, t = best(model, x), best(compiled, x)
-    print(f"{name:18} {e:9.3f} {t:9.3f} {e / t:6.2f} {err:9.2e}")
-PY
+cd "$(dirname "$0")"
+DEVICE=cuda
+if [ "${1:-}" = "--dry-run" ]; then DEVICE=cpu; shift; fi
+OUT=${1:-gpu-check.json}
+PY=${PY:-python3}
+SCRATCH=$(mktemp -d)
+trap 'rm -rf "$SCRATCH"' EXIT
+TAG=$($PY -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+WHEEL=$(ls wheels/iree_base_runtime-*-"$TAG"-*.whl 2>/dev/null | head -1 || true)
+if [ -n "$WHEEL" ]; then
+    $PY -m pip install --quiet --no-deps --no-index --target "$SCRATCH/site" "$WHEEL"
+    export PYTHONPATH="$SCRATCH/site:$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
+elif [ "$DEVICE" = cpu ]; then
+    # The dry run on another Python than the GPU machine's: the carried wheel must
+    # install for the Python it was downloaded for; the run uses this Python's runtime.
+    CARRIED=$(ls wheels/iree_base_runtime-*.whl 2>/dev/null | head -1 || true)
+    if [ -n "$CARRIED" ]; then
+        FOR=$(basename "$CARRIED" | sed -E 's/.*-cp([0-9])([0-9]+)-.*/\1.\2/')
+        $PY -m pip install --quiet --no-deps --no-index --only-binary=:all: --python-version "$FOR" \
+            --platform manylinux_2_28_x86_64 --target "$SCRATCH/carried" "$CARRIED"
+        test -d "$SCRATCH/carried/iree/_runtime_libs" || { echo "error: $CARRIED installed without IREE's runtime libraries" >&2; exit 1; }
+        echo "carried wheel $(basename "$CARRIED") installs for Python $FOR"
+    fi
+    export PYTHONPATH="$PWD/python${PYTHONPATH:+:$PYTHONPATH}"
+else
+    echo "error: no iree-base-runtime wheel for $TAG in wheels/ (the bundle was built for $(ls wheels 2>/dev/null))" >&2
+    exit 1
+fi
+if [ "$DEVICE" = cuda ]; then
+    nvidia-smi --query-gpu=name,compute_cap,driver_version --format=csv,noheader || true
+fi
+$PY -c "import iree.runtime as rt, sys; print('IREE runtime', rt.__file__); sys.exit(0 if '$DEVICE' == 'cpu' or rt.get_driver('cuda').query_available_devices() else 1)"
+timeout 270 $PY gpu_check.py . --device "$DEVICE" --json "$OUT"

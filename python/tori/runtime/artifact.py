@@ -248,6 +248,12 @@ class EntryPoint:
             arrays.append(array)
         return arrays
 
+    def dlpack(self, *tensors: Any):
+        """Run the entry point on tensors already in the device's memory, exchanged by
+        DLPack (CUDA torch tensors for a cuda artifact, CPU ones for cpu): no copies;
+        the results are `DLPackResult`s (`torch.from_dlpack(result)`)."""
+        return _dlpack_call(self, tensors)
+
     def __call__(self, *inputs: Any, seed: int | None = None):
         """Run the entry point. One with random ops takes `seed`, by default a fresh draw
         from the artifact's generator (`Artifact.manual_seed`): the same seed, the same results."""
@@ -274,6 +280,72 @@ class EntryPoint:
         values = tuple(transfer.download(results.get_as_object(i, rt.HalBufferView), NUMPY_DTYPES[o["dtype"]])
                        for i, o in enumerate(outputs))
         return values[0] if len(values) == 1 else values
+
+
+# DLPack's device type codes of the targets whose memory DLPack consumers (torch, CuPy,
+# JAX) exchange with IREE: host memory, CUDA, ROCm.
+DLPACK_DEVICES = {"cpu": 1, "cuda": 2, "rocm": 10}
+
+
+class DLPackResult:
+    """A result of `EntryPoint.dlpack`, in the artifact's device memory: hand it to any
+    DLPack consumer (`torch.from_dlpack(result)`), which then owns it without a copy."""
+
+    def __init__(self, device: Any, view: Any, dl_device: tuple[int, int]):
+        self._device, self._view, self._dl_device = device, view, dl_device
+        self.shape = tuple(view.shape)
+
+    def __dlpack__(self, stream: Any = None, **_: Any):
+        return self._device.create_dlpack_capsule(self._view, *self._dl_device)
+
+    def __dlpack_device__(self) -> tuple[int, int]:
+        return self._dl_device
+
+
+def _dlpack_call(entry: "EntryPoint", tensors: Sequence[Any]) -> Any:
+    """Run `entry` on tensors in the device's own memory (objects with `__dlpack__`, such
+    as CUDA torch tensors for a cuda artifact), without copies either way."""
+    import iree.runtime as rt
+
+    artifact = entry._artifact
+    dl_type = DLPACK_DEVICES.get(artifact.target)
+    if dl_type is None:
+        raise ArtifactError(f"DLPack exchange needs a cpu, cuda or rocm module; this artifact runs {artifact.target}",
+                            path=artifact.path)
+    specs = entry.spec["inputs"]
+    if len(tensors) != len(specs) or entry.seeded:
+        raise ArtifactError(f"entry point '{entry.name}' takes {len(specs)} tensor(s) by DLPack, got {len(tensors)}"
+                            + (" (entry points with random ops take numpy inputs)" if entry.seeded else ""),
+                            path=artifact.path / MANIFEST, field=f"entry_points.{entry.name}.inputs")
+    arguments = rt.VmVariantList(len(specs))
+    for tensor, spec in zip(tensors, specs):
+        if not hasattr(tensor, "__dlpack__"):
+            raise ArtifactError(f"input '{spec['name']}' is a {type(tensor).__name__}, which has no __dlpack__",
+                                path=artifact.path / MANIFEST, field=f"entry_points.{entry.name}.inputs")
+        try:
+            view = artifact.device.from_dlpack_capsule(tensor.__dlpack__())
+        except (IndexError, RuntimeError, ValueError) as error:
+            raise ArtifactError(f"input '{spec['name']}' cannot be imported by DLPack on {artifact.driver}: {error} "
+                                f"(IREE imports host memory aligned to 64 bytes: copy the tensor into memory of its "
+                                f"own, e.g. tensor.clone())", path=artifact.path / MANIFEST,
+                                field=f"entry_points.{entry.name}.inputs") from error
+        wanted = _element_type(NUMPY_DTYPES[spec["dtype"]])
+        fixed = [d for d in spec["shape"]]
+        if view.element_type != wanted or len(view.shape) != len(fixed) or any(
+                isinstance(d, int) and d != size for d, size in zip(fixed, view.shape)):
+            raise ArtifactError(f"input '{spec['name']}' must be {spec['dtype']} of shape {fixed}, got element type "
+                                f"{view.element_type} of shape {list(view.shape)}", path=artifact.path / MANIFEST,
+                                field=f"entry_points.{entry.name}.inputs")
+        arguments.push_ref(view)
+    results = rt.VmVariantList(len(entry.spec["outputs"]))
+    try:
+        artifact._context.invoke(entry._function, arguments, results)
+    except (RuntimeError, ValueError) as error:
+        raise ArtifactError(f"entry point '{entry.name}' failed on IREE's {artifact.driver} driver: {error}",
+                            path=artifact.path) from error
+    values = tuple(DLPackResult(artifact.device, results.get_as_object(i, rt.HalBufferView), (dl_type, 0))
+                   for i in range(len(entry.spec["outputs"])))
+    return values[0] if len(values) == 1 else values
 
 
 class Artifact:
