@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tori-installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv demo test bench bench-models bench-distributed gpu-check-bundle fuzz conformance clean
+.PHONY: all venv demo test test-extended bench bench-models bench-distributed gpu-check-bundle fuzz conformance clean
 
 all: test
 
@@ -27,6 +27,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	bash tests/setup/system-packages.sh
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The long checks left out of `make test` and CI (marked `extended`).
+test-extended: $(STAMP)
+	bash tests/setup/system-packages.sh
+	$(PY) -m pytest -q -m extended $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) benchmarks/run.py --json benchmarks/results/latest.json

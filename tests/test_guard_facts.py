@@ -7,7 +7,7 @@ import torch
 from torch_mlir import ir
 
 import tori
-import tori.frontend.compile_graph as compile_graph_module
+import tori.targets.build as build_module
 from tori.frontend.importer import new_context
 from tori.stages import Stage
 from tori.testing import assert_matches_eager
@@ -17,13 +17,13 @@ from tori.testing import assert_matches_eager
 def iree_inputs(monkeypatch):
     """The modules handed to iree-compile in this test, parsed back from their bytecode."""
     seen: list[str] = []
-    real = compile_graph_module.run_iree_compile
+    real = build_module.run_iree_compile
 
     def capture(bytecode, *args, **kwargs):
         seen.append(str(ir.Module.parse(bytecode, context=new_context())))
         return real(bytecode, *args, **kwargs)
 
-    monkeypatch.setattr(compile_graph_module, "run_iree_compile", capture)
+    monkeypatch.setattr(build_module, "run_iree_compile", capture)
     with tori.compiler.config.patch(cache=False):  # a cache hit would hand iree-compile nothing
         yield seen
 

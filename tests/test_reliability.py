@@ -406,6 +406,7 @@ def test_rss_stays_flat_over_10000_calls():
     assert growth < CALLS_GROWTH_MB, f"RSS grew {growth:.2f} MB over 10,000 calls"
 
 
+@pytest.mark.extended  # about 90 s; tests/test_compiler_api.py checks 30 cycles against Dynamo's own growth in CI
 def test_rss_stays_bounded_over_100_compile_reset_cycles():
     x = torch.randn(8)
 
