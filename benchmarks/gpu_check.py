@@ -63,6 +63,7 @@ def check_artifact(folder: Path, device: str, calls: int, eager_path: Path | Non
     sync = torch.cuda.synchronize if where.type == "cuda" else (lambda: None)
     # Memory of torch's own allocator (a copy): IREE imports host memory aligned to 64 bytes.
     tensors = [torch.from_numpy(x).to(where).clone() for x in inputs]
+    sync()  # IREE reads them on its own stream: torch's copies must have landed
     got = entry.dlpack(*tensors)
     got = got if isinstance(got, tuple) else (got,)
     dl_outputs = [torch.from_dlpack(g) for g in got]

@@ -43,7 +43,10 @@ def test_the_gpu_check_bundle_builds_under_64_mib_and_its_dry_run_passes(tmp_pat
         for arch, folder in model["artifacts"].items():
             contents = inspect_vmfb((bundle / folder / "cuda.vmfb").read_bytes())
             assert contents.formats and all(f.startswith("cuda-nvptx") for f in contents.formats), (name, contents)
-            assert contents.gpu_archs == (arch,), (name, arch, contents)
+            assert contents.gpu_archs == (arch,) and contents.entry_points, (name, arch, contents)
+        # The first architecture's artifact also has the cpu module of the dry run.
+        cpu = inspect_vmfb((bundle / model["artifacts"]["sm_90"] / "cpu.vmfb").read_bytes())
+        assert cpu.formats and all(f.startswith("embedded-elf") for f in cpu.formats) and cpu.executables, (name, cpu)
 
     blocker = tmp_path / "blocker"
     blocker.mkdir()

@@ -121,8 +121,14 @@ class Options:
 
     @property
     def tori_pipeline(self) -> str:
-        """The pipeline these options run: `pipeline`, or the main target's default."""
-        return self.pipeline if self.pipeline is not None else DEFAULT_PIPELINES[self.target]
+        """The pipeline these options run: `pipeline`, or the default of the targets
+        compiled (`target` and `targets`: one module is lowered for all of them), the
+        GPU pipeline only where every one of them takes it (IREE's SPIR-V backend cannot
+        compile the fused attention op that the GPU pipeline makes)."""
+        if self.pipeline is not None:
+            return self.pipeline
+        defaults = {DEFAULT_PIPELINES[t] for t in (self.target, *self.targets)}
+        return defaults.pop() if len(defaults) == 1 else DEFAULT_PIPELINE
 
     def replace(self, **changes: Any) -> "Options":
         return dataclasses.replace(self, **changes)

@@ -132,8 +132,8 @@ def _export(model: Any, args: tuple | None, kwargs: Mapping[str, Any] | None, *,
             c_embed: bool, name: str | None) -> Path:
     opts = Options.from_mapping(options)
     target_list = _targets(targets)
-    # One module for every target: the default pass pipeline is the first target's.
-    opts = opts.replace(target=target_list[0])
+    # One module for every target: the default pass pipeline is the one they share.
+    opts = opts.replace(target=target_list[0], targets=target_list[1:])
     check_compiled_in(target_list)
     entries = _entry_points(model, args, kwargs, dynamic_shapes, entry_points)
     output_dir = Path(output_dir)
