@@ -83,7 +83,7 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
                 bytecode = module.operation.get_asm(enable_debug_info=True).encode() if resident else to_bytecode(module)
                 others = OtherTargets(bytecode, options, record.name, record.stages[Stage.TORI], record.codegen)
                 with stage(record.name, f"iree-compile ({options.target.value})"):
-                    vmfb, invocation = _compile_main_target(bytecode, invocation, options, record)
+                    vmfb, invocation = _compile_main_target(bytecode, options, record)
                 record.iree_bytecode, record.iree_invocation = bytecode, invocation
                 vmfbs = {options.target: vmfb, **others.result()}
                 if cache is not None:
@@ -111,7 +111,7 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
     return compiled
 
 
-def _compile_main_target(bytecode: bytes, invocation, options: Options, record: GraphRecord):
+def _compile_main_target(bytecode: bytes, options: Options, record: GraphRecord):
     """iree-compile for the main target (`compile_with_strategy`: where the strategy's
     flags fail, IREE's other data-tiling path, then its defaults); the strategy used
     and its command are recorded. Returns the vmfb and the invocation that made it."""
