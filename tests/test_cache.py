@@ -6,7 +6,6 @@ import json
 import logging
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -21,7 +20,7 @@ from tori.cache import REDIS_PREFIX, CorruptEntry, DiskCache, compile_key, decod
 from tori.config import Options, from_environment
 from tori.errors import OptionsError
 from tori.targets import Target
-from tori.testing import assert_matches_eager, cache_entries, count_graphs
+from tori.testing import assert_matches_eager, cache_entries, count_graphs, free_port
 
 from system_packages import missing
 
@@ -202,9 +201,7 @@ def redis_url(tmp_path_factory):
     server = shutil.which("redis-server")
     if server is None:
         missing("REDIS")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     directory = tmp_path_factory.mktemp("redis")
     process = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
                                 "no", "--dir", str(directory)], stdout=subprocess.DEVNULL)
