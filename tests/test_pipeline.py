@@ -87,6 +87,18 @@ def test_options_from_environment():
     assert from_environment({}).pipeline is None and from_environment({}).tori_pipeline == DEFAULT_PIPELINE
 
 
+def test_iree_flags_from_a_string_a_json_list_or_a_sequence_and_only_flags():
+    assert Options.from_mapping({"iree_flags": '["--a", "--b=1"]'}, base=Options()).iree_flags == ("--a", "--b=1")
+    assert Options.from_mapping({"iree_flags": ["--a"]}, base=Options()).iree_flags == ("--a",)
+    # iree-compile would read a word that is not a flag as a second input file.
+    with pytest.raises(OptionsError, match="invalid iree_flags item 'x': each item is one iree-compile flag"):
+        Options.from_mapping({"iree_flags": '["x"]'}, base=Options())
+    with pytest.raises(OptionsError, match="expected a JSON list of flags.*It does not parse"):
+        Options.from_mapping({"iree_flags": '["--a"'}, base=Options())
+    with pytest.raises(OptionsError, match="invalid iree_flags 5"):
+        Options.from_mapping({"iree_flags": 5}, base=Options())
+
+
 def test_every_stage_is_kept_in_order():
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh())
     with torch.no_grad():

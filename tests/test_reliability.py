@@ -77,6 +77,31 @@ def test_iree_compile_killed_at_its_timeout_falls_back_or_raises(tmp_path):
     assert entries(tmp_path) == []
 
 
+def test_a_compile_repeating_a_diagnostic_is_stopped_at_once():
+    # The torch-dialect module of a training step's forward (mean to a 0-d value,
+    # cumsum, a clamp written as two wheres, _softmax of the 0-d value): IREE's torch
+    # lowering of that softmax retries without end, printing the same error line
+    # millions of times. tori's own graphs no longer reach IREE in this form
+    # (tests/test_degenerate_shapes.py); the module itself still does it.
+    from tori.targets import Target
+    from tori.targets.iree_compile import REPEAT_LIMIT, IreeInvocation, compile_flags, run_iree_compile
+
+    source = (Path(__file__).parent / "data" / "slow-compile-0d-chain.torch.mlir").read_bytes()
+    started = time.monotonic()
+    with pytest.raises(CompileError, match=rf"iree-compile repeated the diagnostic '.*error: failed to get softmax "
+                                           rf"result' {REPEAT_LIMIT} times in [\d.]+ s \(a lowering retrying without "
+                                           rf"end; killed\)") as raised:
+        run_iree_compile(source, IreeInvocation(tuple(compile_flags(Target.CPU))), graph="chain", timeout_s=120)
+    assert time.monotonic() - started < 30
+    assert raised.value.graph == "chain"
+
+
+def test_default_compile_timeout_is_minutes():
+    from tori.config import Options
+
+    assert 60 <= Options().compile_timeout_s <= 600
+
+
 # --- a runtime error inside a module -----------------------------------------
 
 def test_runtime_error_inside_a_module_falls_back_per_call_or_raises(caplog):

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
+import json
 import os
 import tempfile
 from dataclasses import dataclass, field
@@ -100,8 +101,11 @@ class Options:
     dump_large_constants: bool = False
     # When set, an HTML compile report of the graphs compiled with these options is written here.
     report: Path | None = None
-    # iree-compile is killed after this many seconds.
-    compile_timeout_s: float = 900.0
+    # iree-compile is killed after this many seconds (or at once when it repeats a
+    # diagnostic without end). The slowest real-model compile measured takes 16 s
+    # (MobileNetV3 and EfficientNet-B0, 2 cores; docs/reliability.md): 300 s leaves a
+    # model many times that size room, and a stuck compile costs minutes, not 15.
+    compile_timeout_s: float = 300.0
     # Graphs with dynamic shapes: at most this many static-shape variants per graph,
     # one for each input size seen `specialize_after` times (0: off; frontend/shape_variants.py).
     # On by default: Dynamo makes a graph dynamic on its own (a second model through the
@@ -178,6 +182,33 @@ def _size(name: str, value: Any) -> int:
     return value
 
 
+def _iree_flags(value: Any) -> tuple[str, ...]:
+    """iree-compile flags from a sequence, a string of flags separated by spaces
+    ("--a --b=1", as TORI_IREE_FLAGS) or a JSON list of strings ('["--a"]', as the
+    CLI's --option takes it). Every item must be a flag: iree-compile reads any
+    other word as a second input file."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                value = json.loads(text)
+            except json.JSONDecodeError as error:
+                raise OptionsError("iree_flags", value, ['a JSON list of flags, e.g. ["--iree-opt-level=O3"]'],
+                                   hint=f"It does not parse: {error}") from None
+        else:
+            value = text.split()
+    if not isinstance(value, (list, tuple)):
+        raise OptionsError("iree_flags", value, ['iree-compile flags, e.g. ("--iree-opt-level=O3",)'])
+    flags = tuple(str(v) for v in value)
+    for flag in flags:
+        if not flag.startswith("--"):
+            raise OptionsError("iree_flags", flag, ["an iree-compile flag starting with --"],
+                               message=f"invalid iree_flags item {flag!r}: each item is one iree-compile flag "
+                                       f"starting with -- (e.g. --iree-opt-level=O3)",
+                               hint="`iree-compile --help` lists them")
+    return flags
+
+
 def _coerce(name: str, value: Any) -> Any:
     if name == "target":
         return _enum_value(Target, "target", value)
@@ -207,9 +238,7 @@ def _coerce(name: str, value: Any) -> Any:
             raise OptionsError(name, value, ["redis://host:port/db", "rediss://...", "unix:///path/to/socket"])
         return value
     if name == "iree_flags":
-        if isinstance(value, str):
-            return tuple(value.split())
-        return tuple(str(v) for v in value)
+        return _iree_flags(value)
     if name in ("compile_timeout_s", "cache_wait_s"):
         try:
             seconds = float(value)

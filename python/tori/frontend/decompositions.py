@@ -38,10 +38,13 @@ def decomposition_table(runtime_checks: bool = True) -> dict:
 
     import tori.frontend.decomp  # noqa: F401  (the op families register their entries)
 
-    from tori.frontend.decomp import checks, half_precision
+    from tori.frontend.decomp import checks, degenerate, half_precision
 
     base = get_decomposition_table()
     table = {**base, **{op: _chained(op, fn, base.get(op)) for op, fn in _TORI.items()}}
+    # Reductions and scans of a 0-d tensor on its 1-element view (IREE lowers some
+    # 0-d forms without end, or crashes).
+    table = degenerate.wrap(table)
     # 16-bit float ops in float32 as eager computes them (a 4096-element float16 sum
     # accumulated in float16 by IREE was off by 23.5): around every other entry;
     # indexing and integer division behind checks of their operands, in front of everything.

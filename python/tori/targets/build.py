@@ -90,9 +90,10 @@ def compile_with_strategy(bytecode: bytes, options: Options, target: Target, str
         try:
             return run_iree_compile(bytecode, current, graph=graph, timeout_s=options.compile_timeout_s), current, strategy
         except CompileError as error:
-            # An op IREE cannot lower, or a compile past its time limit, fails with any flags.
+            # An op IREE cannot lower, or a compile killed (past its time limit, or repeating
+            # a diagnostic without end), fails with any flags.
             if strategy is None or not strategy.flags_for(target) or isinstance(error, UnsupportedOpError) \
-                    or "did not finish" in error.reason:
+                    or error.reason.endswith("killed)"):
                 error.invocation = current  # for the repro command
                 raise
             failed = strategy

@@ -9,6 +9,9 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
+import threading
+import time
+from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -83,18 +86,101 @@ def summarize_diagnostics(stderr: str) -> tuple[str, str | None, str | None]:
     return first or "iree-compile failed", op, loc_match.group(1) if loc_match else None
 
 
+# The same diagnostic line this many times means a lowering retrying without end (a
+# softmax over a 0-d tensor printed "failed to get softmax result" 8 million times in
+# 90 s); one op per line of a large module repeats far less. Only this much of
+# stderr is kept for the error.
+REPEAT_LIMIT = 500
+_STDERR_KEPT = 256 * 1024
+_DIAGNOSTIC = re.compile(r"\b(error|warning|remark):")
+
+
+class _Stderr:
+    """iree-compile's stderr read by a thread as it comes: the first part kept, and the
+    first diagnostic line seen REPEAT_LIMIT times."""
+
+    def __init__(self, stream):
+        self.kept = bytearray()
+        self.repeated: str | None = None
+        self._counts: Counter = Counter()
+        self._thread = threading.Thread(target=self._read, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _read(self, stream) -> None:
+        for line in stream:
+            if len(self.kept) < _STDERR_KEPT:
+                self.kept += line[:_STDERR_KEPT - len(self.kept)]
+            text = line.decode(errors="replace").strip()
+            if self.repeated is None and _DIAGNOSTIC.search(text):
+                self._counts[text] += 1
+                if self._counts[text] >= REPEAT_LIMIT:
+                    self.repeated = text
+        stream.close()
+
+    def text(self) -> str:
+        self._thread.join(timeout=5)
+        return self.kept.decode(errors="replace")
+
+
+def _drain(stream, into: list[bytes]) -> threading.Thread:
+    def read() -> None:
+        into.append(stream.read())
+        stream.close()
+
+    thread = threading.Thread(target=read, daemon=True)
+    thread.start()
+    return thread
+
+
+def _feed(stream, data: bytes) -> threading.Thread:
+    def write() -> None:
+        try:
+            stream.write(data)
+            stream.close()
+        except (BrokenPipeError, OSError):  # the child exited (or was killed) first
+            pass
+
+    thread = threading.Thread(target=write, daemon=True)
+    thread.start()
+    return thread
+
+
 def run_iree_compile(bytecode: bytes, invocation: IreeInvocation, *, graph: str, timeout_s: float) -> bytes:
-    """Compile MLIR bytecode to a vmfb; raise CompileError (stage 'iree') on any failure."""
+    """Compile MLIR bytecode to a vmfb; raise CompileError (stage 'iree') on any failure,
+    a compile past `timeout_s` or one repeating a diagnostic without end included (the
+    child is killed at once)."""
     counters.iree_compiles += 1
-    try:
-        done = subprocess.run(invocation.command(), input=bytecode, capture_output=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        raise CompileError(f"iree-compile did not finish within {timeout_s:g} s (killed)", stage=Stage.IREE.value, graph=graph) from None
-    if done.returncode != 0:
-        stderr = done.stderr.decode(errors="replace")
-        reason, op, loc = summarize_diagnostics(stderr)
-        if done.returncode < 0:
-            reason = f"iree-compile crashed with signal {-done.returncode}: {reason}"
-        error_cls = UnsupportedOpError if op and "legalize" in stderr else CompileError
+    started = time.monotonic()
+    process = subprocess.Popen(invocation.command(), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE)
+    stdout: list[bytes] = []
+    feeder, reader, stderr = _feed(process.stdin, bytecode), _drain(process.stdout, stdout), _Stderr(process.stderr)
+    killed = None
+    while process.poll() is None:
+        elapsed = time.monotonic() - started
+        if stderr.repeated is not None:
+            killed = (f"iree-compile repeated the diagnostic {stderr.repeated[:300]!r} {REPEAT_LIMIT} times in "
+                      f"{elapsed:.1f} s (a lowering retrying without end; killed)")
+        elif elapsed > timeout_s:
+            killed = f"iree-compile did not finish within {timeout_s:g} s (killed)"
+        if killed:
+            process.kill()
+            process.wait()
+            break
+        try:
+            process.wait(timeout=0.05)
+        except subprocess.TimeoutExpired:
+            pass
+    feeder.join(timeout=5)
+    reader.join(timeout=60)
+    text = stderr.text()
+    if killed:
+        _, op, loc = summarize_diagnostics(text)
+        raise CompileError(killed, stage=Stage.IREE.value, graph=graph, op=op, location=loc)
+    if process.returncode != 0:
+        reason, op, loc = summarize_diagnostics(text)
+        if process.returncode < 0:
+            reason = f"iree-compile crashed with signal {-process.returncode}: {reason}"
+        error_cls = UnsupportedOpError if op and "legalize" in text else CompileError
         raise error_cls(reason, stage=Stage.IREE.value, graph=graph, op=op, location=loc)
-    return done.stdout
+    return stdout[0] if stdout else b""

@@ -1,6 +1,7 @@
 """Maxima and minima IREE's torch lowering refuses (its error names a leftover
 torch.constant.int or .bool): reductions over a 0-d tensor (amax, amin, argmax,
-argmin: on one element they are the element itself, or index 0), and fmax/fmin
+argmin: on one element they are the element itself, or index 0; argmax and argmin
+along a dim of size 1, index 0), and fmax/fmin
 (PyTorch's decomposition stops at prims.fmax)."""
 
 from __future__ import annotations
@@ -32,6 +33,12 @@ def arg_extremum(op, x, dim=None, keepdim=False):
     a wrong index, silently."""
     if x.dim() == 0 and _dims_of_scalar(dim):
         return torch.zeros((), dtype=torch.int64, device=x.device)
+    # One element along the reduced dim (or in all): index 0 everywhere. IREE's form of
+    # it, an i1 constant read as int64, failed to compile or read out of bounds.
+    if x.numel() > 0 and (x.numel() == 1 if dim is None else x.shape[dim] == 1):
+        shape = [1] * x.dim() if dim is None else [1 if d == dim % x.dim() else n for d, n in enumerate(x.shape)]
+        zeros = torch.zeros(shape, dtype=torch.int64, device=x.device)
+        return zeros if keepdim else zeros.reshape(()) if dim is None else zeros.squeeze(dim)
     if not x.dtype.is_floating_point or x.numel() == 0:
         return NotImplemented
     extremum = torch.max if op is aten.argmax.default else torch.min
