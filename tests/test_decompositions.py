@@ -73,3 +73,15 @@ def test_multi_head_attention_fast_path_compiles():
     mha = torch.nn.MultiheadAttention(32, 4, batch_first=True).eval()
     with torch.no_grad():
         assert_matches_eager(lambda x: mha(x, x, x, need_weights=False)[0], torch.randn(2, 5, 32))
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_integer_tensors_to_integer_powers_match_eager_overflow_included(dtype):
+    # Torch-MLIR lowers integer pow not at all ("non-floating point dtype"):
+    # torch.square of an int64 tensor failed to compile (found by the export fuzzer).
+    x = torch.tensor([3, -4, 0, 1, 2**20, -(2**29)], dtype=dtype)
+    fn = lambda t: (torch.square(t), t ** 0, t ** 1, t ** 7, torch.pow(t, 12))  # noqa: E731
+    torch._dynamo.reset()
+    actual = torch.compile(fn, backend="tori", options={"fallback": "error"})(x)
+    for a, e in zip(actual, fn(x)):
+        assert a.dtype == e.dtype and torch.equal(a, e)

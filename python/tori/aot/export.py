@@ -35,7 +35,7 @@ from tori.config import Options
 from tori.errors import CompileError, OptionsError
 from tori.logs import stage
 from tori.frontend.constant_origins import ORIGIN, AssumedConstant
-from tori.frontend.decompositions import decomposition_table
+from tori.frontend.decompositions import export_table
 from tori.frontend.importer import import_graph, new_importer, to_bytecode
 from tori.frontend.signature import ArgKind
 from tori.passes import run_pipeline
@@ -147,7 +147,7 @@ def _export(model: Any, args: tuple | None, kwargs: Mapping[str, Any] | None, *,
     symbols: dict[str, dict] = {}
     graphs = []
     for entry, found in traced.items():
-        program = found.program.run_decompositions(decomposition_table())
+        program = found.program.run_decompositions(export_table())
         check_functional(program, name=entry)  # in-place updates show once decomposed
         gm = _stateless(program, found, hooks)
         graphs.append(gm)

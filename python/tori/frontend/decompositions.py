@@ -52,6 +52,20 @@ def decomposition_table(runtime_checks: bool = True) -> dict:
     return checks.wrap(table) if runtime_checks else table
 
 
+@functools.lru_cache(maxsize=2)
+def export_table(runtime_checks: bool = True) -> dict:
+    """The table for `ExportedProgram.run_decompositions`: tori's, and for every
+    composite op (CompositeImplicitAutograd) not in it, its own decomposition.
+    AOTAutograd's trace decomposes composites by itself; `run_decompositions` with a
+    table keeps every composite the table lacks (isfinite reached IREE undecomposed
+    and failed to lower in exported modules only)."""
+    from torch._export.utils import _collect_all_valid_cia_ops, _get_decomp_for_cia
+
+    table = decomposition_table(runtime_checks)
+    composites = {op: _get_decomp_for_cia(op) for op in _collect_all_valid_cia_ops() if op not in table}
+    return {**composites, **table}
+
+
 # Ops traced as they are (`as_is`) in the current trace: their tori entries step aside.
 _AS_IS: contextvars.ContextVar[frozenset] = contextvars.ContextVar("tori_as_is", default=frozenset())
 

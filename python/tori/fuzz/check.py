@@ -1,5 +1,6 @@
 """Differential check: run fuzzed programs in eager PyTorch and compiled by tori
-(fallback='error', fullgraph), compare every output, and classify each program.
+(fallback='error', fullgraph), compare every result of the mode (modes.py: values,
+gradients, dynamic shapes, export), and classify each program.
 
 Several programs are compiled as one function; when that batch does not compile
 it is halved until the failing programs are alone, and a program that disagrees
@@ -15,8 +16,8 @@ from dataclasses import dataclass, field
 import torch
 
 from tori.errors import CompileError
+from tori.fuzz.modes import Mode, call_inputs, compiled, result_names, run_program
 from tori.fuzz.program import Program, batch_source, build
-from tori.testing import count_graphs
 
 # Tolerances per dtype; float16 results may round differently through f32 steps.
 TOLERANCES = {torch.float32: (1e-4, 1e-5), torch.float16: (1e-2, 1e-3)}
@@ -102,15 +103,25 @@ def _first(actual, expected, where) -> str:
     return f"at {list(index)} tori {actual[index].item()!r}, eager {expected[index].item()!r}"
 
 
-def _eager(program: Program) -> list[torch.Tensor] | Exception:
+def _eager(program: Program, mode: Mode = Mode.VALUES) -> tuple[list, list[torch.Tensor]] | Exception:
+    """The inputs of each call and the program's flat results over them, in eager."""
     # Eager runs with subnormal numbers flushed to zero, as IREE's CPU code does
     # (docs/limitations.md): a subnormal intermediate (1.5 / 3e38) then gives the
     # same log(0) = -inf in both, and the fuzzer looks for other differences.
     flushing = torch.set_flush_denormal(True)
     try:
         fn = build(program.function_source(), "program")
-        with torch.no_grad():
-            return list(fn(*(spec.make() for spec in program.inputs)))
+        run_program(fn, [spec.make() for spec in program.inputs], mode)  # eager refuses the program: invalid
+
+        def valid(inputs) -> bool:
+            try:
+                run_program(fn, inputs, mode)
+                return True
+            except Exception:
+                return False
+
+        calls = call_inputs(program, mode, valid)
+        return calls, [r for inputs in calls for r in run_program(fn, inputs, mode)]
     except Exception as error:
         return error
     finally:
@@ -118,35 +129,40 @@ def _eager(program: Program) -> list[torch.Tensor] | Exception:
             torch.set_flush_denormal(False)
 
 
-def unsettled_values(program: Program) -> list[torch.Tensor | None]:
-    """Per output, where its float values are not determined at the output dtype's
+def unsettled_values(program: Program, mode: Mode = Mode.VALUES,
+                     calls: list[list[torch.Tensor]] | None = None) -> list[torch.Tensor | None]:
+    """Per result, where its float values are not determined at the result dtype's
     tolerance: the program in float64 on its inputs and on the inputs moved by up to
     one float32 rounding (relative 2^-24) disagree beyond it. Sums of huge terms that
     cancel are such values: `[0.5, -3e38, 3e38] @ [1, 0.39, 0.39]` is 0 in eager,
     -1.9e30 with a fused multiply-add, and either is within rounding of the terms.
-    None for an output (or a program) that is not a float tensor in both runs."""
+    None for a result (or a program) that is not a float tensor in both runs."""
     generator = torch.Generator().manual_seed(0)
+    calls = calls if calls is not None else [[spec.make() for spec in program.inputs]]
     exact, moved = [], []
-    for spec in program.inputs:
-        value = spec.make()
-        if value.dtype.is_floating_point:
-            value = value.double()
-            jitter = (torch.rand(value.shape, generator=generator, dtype=torch.float64) * 2 - 1) * 2.0 ** -24
-            exact.append(value)
-            moved.append(torch.where(torch.isfinite(value), value * (1 + jitter), value))
-        else:
-            exact.append(value)
-            moved.append(value.clone())
+    for inputs in calls:
+        exact.append([]), moved.append([])
+        for value in inputs:
+            if value.dtype.is_floating_point:
+                value = value.double()
+                jitter = (torch.rand(value.shape, generator=generator, dtype=torch.float64) * 2 - 1) * 2.0 ** -24
+                exact[-1].append(value)
+                moved[-1].append(torch.where(torch.isfinite(value), value * (1 + jitter), value))
+            else:
+                exact[-1].append(value)
+                moved[-1].append(value.clone())
+    count = len(result_names(program, mode, len(calls)))
     try:
         fn = build(program.function_source(), "program")
-        with torch.no_grad():
-            first, second = list(fn(*exact)), list(fn(*moved))
+        first = [r for inputs in exact for r in run_program(fn, inputs, mode)]
+        second = [r for inputs in moved for r in run_program(fn, inputs, mode)]
     except Exception:
-        return [None] * len(program.result_names())
-    expected = _eager(program)
+        return [None] * count
+    expected = _eager(program, mode)
+    expected = expected[1] if not isinstance(expected, Exception) else None
     marks = []
     for k, (a, b) in enumerate(zip(first, second)):
-        dtype = expected[k].dtype if not isinstance(expected, Exception) and k < len(expected) else None
+        dtype = expected[k].dtype if expected is not None and k < len(expected) else None
         if (not isinstance(a, torch.Tensor) or not a.dtype.is_floating_point or dtype not in TOLERANCES
                 or a.shape != b.shape):
             marks.append(None)
@@ -157,46 +173,24 @@ def unsettled_values(program: Program) -> list[torch.Tensor | None]:
     return marks
 
 
-def _compiled(programs: list[Program], summary: Summary):
-    """Compile `programs` as one function and run it once: (outputs, error)."""
-    source = batch_source(programs)
-    fn = build(source, "batch")
-    args = [spec.make() for p in programs for spec in p.inputs]
-    torch._dynamo.reset()
-    summary.compiles += 1
-    compiled = torch.compile(fn, backend="tori", fullgraph=True, dynamic=False, options={"fallback": "error"})
-    try:
-        with torch.no_grad(), count_graphs() as count:
-            outputs = compiled(*args)
-    except CompileError as error:
-        return None, error
-    except Exception as error:
-        return None, error
-    finally:
-        torch._dynamo.reset()
-    if count.compiled_graphs < 1 or count.fallback_calls or count.compiled_calls < 1:
-        return None, RuntimeError(f"did not run compiled: {count.delta}")
-    return list(outputs), None
-
-
 def _refusal(error: CompileError) -> str:
     return f"{error.stage}: {error.op or error.reason.splitlines()[0][:120]}"
 
 
-def check(programs: list[Program], summary: Summary) -> list[Outcome]:
-    """Outcomes of `programs`, compiled together where they agree."""
+def check(programs: list[Program], summary: Summary, mode: Mode = Mode.VALUES) -> list[Outcome]:
+    """Outcomes of `programs` in `mode`, compiled together where they agree."""
     start = time.perf_counter()
     expected = {}
     outcomes: dict[int, Outcome] = {}
     for i, program in enumerate(programs):
-        result = _eager(program)
+        result = _eager(program, mode)
         if isinstance(result, Exception):
             outcomes[i] = Outcome(program, Verdict.INVALID, f"{type(result).__name__}: {result}")
         else:
             expected[i] = result
     pending = sorted(expected)
     if pending:
-        _check_group(programs, pending, expected, outcomes, summary)
+        _check_group(programs, pending, expected, outcomes, summary, mode)
     summary.seconds += time.perf_counter() - start
     ordered = [outcomes[i] for i in range(len(programs))]
     for outcome in ordered:
@@ -204,14 +198,15 @@ def check(programs: list[Program], summary: Summary) -> list[Outcome]:
     return ordered
 
 
-def _check_group(programs, indices, expected, outcomes, summary) -> None:
+def _check_group(programs, indices, expected, outcomes, summary, mode) -> None:
     group = [programs[i] for i in indices]
-    actual, error = _compiled(group, summary)
+    summary.compiles += 1
+    actual, error = compiled(group, [expected[i][0] for i in indices], mode)
     if error is not None:
         if len(indices) > 1:  # halve until the programs that fail are alone
             half = len(indices) // 2
-            _check_group(programs, indices[:half], expected, outcomes, summary)
-            _check_group(programs, indices[half:], expected, outcomes, summary)
+            _check_group(programs, indices[:half], expected, outcomes, summary, mode)
+            _check_group(programs, indices[half:], expected, outcomes, summary, mode)
             return
         i = indices[0]
         if isinstance(error, CompileError):
@@ -219,28 +214,28 @@ def _check_group(programs, indices, expected, outcomes, summary) -> None:
         else:
             outcomes[i] = Outcome(programs[i], Verdict.CRASH, f"{type(error).__name__}: {str(error)[:2000]}")
         return
-    position = 0
     disagreeing = []
-    for i in indices:
-        count = len(expected[i])
-        problems = [f"output {k} ({programs[i].result_names()[k]}): {why}"
-                    for k, (a, e) in enumerate(zip(actual[position:position + count], expected[i]))
+    for i, results in zip(indices, actual):
+        calls, wanted = expected[i]
+        names = result_names(programs[i], mode, len(calls))
+        problems = [f"{names[k]}: {why}" for k, (a, e) in enumerate(zip(results, wanted))
                     if (why := mismatch(a, e)) is not None]
+        if len(results) != len(wanted):
+            problems.append(f"{len(results)} results, eager {len(wanted)}")
         if problems:  # judged again without the values that input rounding alone unsettles
-            unsettled = unsettled_values(programs[i])
-            problems = [f"output {k} ({programs[i].result_names()[k]}): {why}"
-                        for k, (a, e) in enumerate(zip(actual[position:position + count], expected[i]))
+            unsettled = unsettled_values(programs[i], mode, calls)
+            problems = [f"{names[k]}: {why}" for k, (a, e) in enumerate(zip(results, wanted))
                         if (why := mismatch(a, e, unsettled[k] if k < len(unsettled) else None)) is not None]
-        position += count
+            if len(results) != len(wanted):
+                problems.append(f"{len(results)} results, eager {len(wanted)}")
         if problems:
             disagreeing.append((i, "; ".join(problems)))
         else:
             outcomes[i] = Outcome(programs[i], Verdict.MATCH)
     for i, why in disagreeing:
         if len(indices) > 1:
-            _check_group(programs, [i], expected, outcomes, summary)
+            _check_group(programs, [i], expected, outcomes, summary, mode)
             if outcomes[i].verdict is Verdict.MATCH:  # wrong only next to other programs
                 outcomes[i] = Outcome(programs[i], Verdict.WRONG, f"only when batched: {why}\n{batch_source(group)}")
         else:
             outcomes[i] = Outcome(programs[i], Verdict.WRONG, why)
-

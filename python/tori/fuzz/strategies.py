@@ -24,22 +24,27 @@ _SPECIALS = {
 _SCALES = {torch.float32: [1.0, 1e-3, 1e4], torch.float16: [1.0, 1e-2, 1e3]}
 
 
+# Gradients need float32 inputs: most of a gradient run's inputs are.
+GRADIENT_DTYPES = [torch.float32, torch.float32, torch.float32, torch.int64, torch.bool]
+
+
 @st.composite
-def input_specs(draw, base_shape: tuple[int, ...]) -> InputSpec:
+def input_specs(draw, base_shape: tuple[int, ...], dtypes=DTYPES) -> InputSpec:
     """An input whose shape broadcasts with `base_shape`: leading dims dropped, some dims 1."""
     keep = draw(st.integers(0, len(base_shape)))
     shape = tuple(1 if draw(st.integers(0, 3)) == 0 else size for size in base_shape[len(base_shape) - keep:])
-    dtype = draw(st.sampled_from(DTYPES))
+    dtype = draw(st.sampled_from(dtypes))
     specials = tuple(draw(st.lists(st.sampled_from(_SPECIALS[dtype]), max_size=3)))
     scale = draw(st.sampled_from(_SCALES[dtype])) if dtype in _SCALES else 1.0
     return InputSpec(shape, dtype, draw(st.integers(0, 255)), scale, specials)
 
 
 @st.composite
-def programs(draw, max_inputs: int = 3, max_nodes: int = 5) -> Program:
-    rank = draw(st.integers(0, 3))
+def programs(draw, max_inputs: int = 3, max_nodes: int = 5, dtypes=DTYPES, min_rank: int = 0) -> Program:
+    """A program; `min_rank` 1 for dynamic shapes (a 0-d program has no size to change)."""
+    rank = draw(st.integers(min_rank, 3))
     base_shape = tuple(draw(st.sampled_from([2, 3, 1, 5, 0, 4])) for _ in range(rank))
-    inputs = [draw(input_specs(base_shape)) for _ in range(draw(st.integers(1, max_inputs)))]
+    inputs = [draw(input_specs(base_shape, dtypes)) for _ in range(draw(st.integers(1, max_inputs)))]
     scope = namespace()
     values: list[tuple[str, torch.Tensor]] = []
     for i, spec in enumerate(inputs):
@@ -74,6 +79,12 @@ def programs(draw, max_inputs: int = 3, max_nodes: int = 5) -> Program:
     return Program(tuple(inputs), tuple(nodes))
 
 
-def batches(size: int = 8, **kwargs) -> st.SearchStrategy[list[Program]]:
-    """Several independent programs, compiled as one function."""
+def batches(size: int = 8, mode: str = "values", **kwargs) -> st.SearchStrategy[list[Program]]:
+    """Several independent programs, compiled as one function, drawn for `mode`
+    (tori.fuzz.modes.Mode): float32 inputs for gradients, no 0-d programs for dynamic
+    shapes."""
+    if mode == "gradients":
+        kwargs.setdefault("dtypes", GRADIENT_DTYPES)
+    if mode == "dynamic":
+        kwargs.setdefault("min_rank", 1)
     return st.lists(programs(**kwargs), min_size=1, max_size=size)

@@ -5,7 +5,8 @@ IREE computes `pow(x, y)` as exp(y * log(x)), which is NaN for every negative ba
 sign of -0.0 and -inf. Here: |x|^y by IREE, then the sign for a negative base and an
 odd integer exponent, NaN for a negative finite base and a non-integer exponent, and
 1 where y is 0, x is 1, or |x| is 1 and y infinite. Integer exponents given as
-Python ints are left to IREE, which multiplies.
+Python ints are left to IREE, which multiplies; integer tensors to them are
+multiplied here.
 """
 
 from __future__ import annotations
@@ -42,6 +43,24 @@ def pow_tensors(op, x, y):
 
 @register_decomposition(aten.pow.Tensor_Scalar)
 def pow_scalar_exponent(op, x, y):
+    if not x.dtype.is_floating_point and x.dtype is not torch.bool and isinstance(y, int) and y >= 0:
+        return _integer_power(x, y)
     if not x.dtype.is_floating_point or not isinstance(y, float):
         return NotImplemented
     return _pow(x, y)
+
+
+def _integer_power(x: torch.Tensor, y: int) -> torch.Tensor:
+    """An integer tensor to a non-negative integer power by repeated squaring, wrapping
+    on overflow as eager's multiplications do (Torch-MLIR lowers integer pow not at all:
+    "unimplemented: non-floating point dtype"; torch.square of an int64 tensor is one)."""
+    if y == 0:
+        return torch.ones_like(x)
+    result, base = None, x
+    while y:
+        if y & 1:
+            result = base if result is None else result * base
+        y >>= 1
+        if y:
+            base = base * base
+    return result
