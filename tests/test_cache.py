@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -369,3 +370,130 @@ def test_two_machines_compiling_one_model_at_once_compile_it_once(tmp_path, redi
     assert all(c.returncode == 0 for c in children)
     assert sum(r["iree_compiles"] for r in results) == 1
     assert all(r["compiled_graphs"] == 1 for r in results)
+
+
+# --- stress: 4 processes, 20 graphs, one process killed mid-compile ---
+
+# Process P compiles 12 of 20 graphs (5P to 5P+11, modulo 20: every graph in two or
+# three processes), in an order of its own, each against eager.
+STRESS_COMPILE = textwrap.dedent("""
+    import json, random, sys
+    import torch
+    from tori.stats import counters
+    p = int(sys.argv[1])
+    graphs = [(5 * p + i) % 20 for i in range(12)]
+    random.Random(p).shuffle(graphs)
+    weights = torch.randn(20, 24, 24, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(4, 24, generator=torch.Generator().manual_seed(1))
+    wrong = []
+    for k in graphs:
+        w = weights[k]
+        def f(x):
+            return torch.tanh(x @ w) * (k + 1) + x.sum(-1, keepdim=True)
+        torch._dynamo.reset()
+        got = torch.compile(f, backend="tori", options={"fallback": "error"})(x)
+        if not torch.allclose(got, f(x), rtol=1e-4, atol=1e-5):
+            wrong.append(k)
+        print("done", k, flush=True)
+    print(json.dumps({"wrong": wrong, "compiled_graphs": counters.compiled_graphs,
+                      "fallback_graphs": counters.fallback_graphs, "iree_compiles": counters.iree_compiles,
+                      "cache_hits": counters.cache_hits, "cache_corrupt": counters.cache_corrupt,
+                      "cache_waits": counters.cache_waits}), flush=True)
+""")
+STRESS_BOUND = 300_000  # bytes: about 12 of the 20 entries, so that processes evict each other's
+
+
+def _iree_compile_children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            name = stat.read_text().split("(", 1)[1].rsplit(")", 1)[0]
+        except OSError:
+            continue
+        if int(fields[1]) == pid and name.startswith("iree-compile"):
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _stress_run(tmp_path: Path, redis_url: str | None = None) -> None:
+    environ = {**os.environ, "TORI_CACHE_MAX_SIZE": str(STRESS_BOUND), "TORI_CACHE_WAIT": "120"}
+    if redis_url:
+        environ |= {"TORI_CACHE_URL": redis_url, "TORI_CACHE_KEY": "fleet-secret"}
+    directory = lambda p: tmp_path / ("shared" if redis_url is None else f"machine-{p}")  # noqa: E731
+    started = time.monotonic()
+    children = [subprocess.Popen([sys.executable, "-c", STRESS_COMPILE, str(p)], text=True, stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, env={**environ, "TORI_CACHE_DIR": str(directory(p))})
+                for p in range(4)]
+    victim = children[3]
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(victim.stdout), daemon=True)
+    reader.start()
+    # Killed in its third compile or later, while its iree-compile runs.
+    while sum(line.startswith("done") for line in lines) < 2 or not _iree_compile_children(victim.pid):
+        assert victim.poll() is None, f"process 3 ended first: {victim.stderr.read()[-2000:]}"
+        time.sleep(0.01)
+    victim.kill()
+    victim.wait()
+    reader.join(timeout=10)
+    assert not any(line.startswith("{") for line in lines)  # it never finished
+    results = []
+    for child in children[:3]:
+        out, err = child.communicate(timeout=300)
+        assert child.returncode == 0, err[-3000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    elapsed = time.monotonic() - started
+    for r in results:
+        assert r["wrong"] == [] and r["fallback_graphs"] == 0 and r["compiled_graphs"] == 12, r
+        assert r["cache_corrupt"] == 0, r
+    assert elapsed < 110, f"{elapsed:.0f} s: a process waited on the killed one's lock or claim"
+    folders = {directory(p) for p in range(4)}
+    for folder in folders:
+        cached = sorted(folder.glob("??/*.entry"))  # modules and Dynamo graphs
+        for entry in cached:  # whole, never torn
+            assert decode_entry(entry.stem, entry.read_bytes())
+        assert sum(e.stat().st_size for e in cached) <= STRESS_BOUND
+        assert folder == directory(3) or len(entries(folder)) >= 4
+        assert len(list(folder.glob("??/*.tmp"))) <= (1 if folder == directory(3) else 0)
+    if redis_url:
+        import redis
+
+        client = redis.Redis.from_url(redis_url)
+        stored = [k for k in client.keys(REDIS_PREFIX + "*")]
+        assert len(stored) >= 12
+        from tori.cache import RedisCache
+
+        shared = RedisCache(redis_url, b"fleet-secret")
+        for name in stored:
+            key = name.decode()[len(REDIS_PREFIX):]
+            assert decode_entry(key, shared.get(key))
+    # A process after them: every graph served or compiled, all correct.
+    out = subprocess.run([sys.executable, "-c", STRESS_COMPILE.replace("range(12)", "range(20)"), "0"],
+                         capture_output=True, text=True, timeout=300,
+                         env={**environ, "TORI_CACHE_DIR": str(directory(0))})
+    assert out.returncode == 0, out.stderr[-3000:]
+    last = json.loads(out.stdout.strip().splitlines()[-1])
+    assert last["wrong"] == [] and last["cache_corrupt"] == 0 and last["cache_hits"] >= 8, last
+
+
+@pytest.mark.slow
+def test_four_processes_one_killed_mid_compile_share_one_directory(tmp_path):
+    _stress_run(tmp_path)
+
+
+@pytest.mark.slow
+def test_four_machines_one_killed_mid_compile_share_redis(tmp_path, redis_url):
+    import redis
+
+    redis.Redis.from_url(redis_url).flushdb()
+    _stress_run(tmp_path, redis_url)
+
+
+@pytest.mark.extended
+@pytest.mark.parametrize("shared", ["directory", "redis"])
+def test_cache_stress_ten_runs_in_a_row(tmp_path, redis_url, shared):
+    import redis
+
+    for run in range(10):
+        redis.Redis.from_url(redis_url).flushdb()
+        _stress_run(tmp_path / f"run{run}", redis_url if shared == "redis" else None)

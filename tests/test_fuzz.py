@@ -185,3 +185,16 @@ def test_a_refused_op_is_counted_apart_from_wrong_results():
     (outcome,) = check([program], fresh)
     assert outcome.verdict is Verdict.REFUSED and "ldl_factor" in outcome.detail
     assert fresh.verdicts[Verdict.WRONG] == 0 and fresh.verdicts[Verdict.CRASH] == 0
+
+
+def test_eager_nan_that_float64_does_not_give_is_not_held_against_tori():
+    # From `make fuzz` (values, seed 3): eager's float32 gelu(inf) is NaN in its vector
+    # kernel (two elements or more), inf on one element and in float64; tori's is inf.
+    inf = float("inf")
+    program = Program(inputs=(InputSpec((2,), torch.float32, specials=(inf,)),),
+                      nodes=(Node("v0", "float_unary", "torch.nn.functional.gelu(x0)"),))
+    (outcome,) = check([program], Summary())
+    assert outcome.verdict is Verdict.MATCH, outcome.detail
+    # A NaN that float64 does give must still be matched.
+    assert mismatch(torch.tensor([inf]), torch.tensor([float("nan")]), exact=torch.tensor([float("nan")])) is not None
+    assert mismatch(torch.tensor([inf]), torch.tensor([float("nan")]), exact=torch.tensor([inf], dtype=torch.float64)) is None

@@ -350,6 +350,11 @@ class RedisCache:
         taken = self._call("set", REDIS_LOCK_PREFIX + key, token, nx=True, px=max(1, int(ttl_s * 1000)))
         return token if taken or self._failed else None
 
+    def renew(self, key: str, token: bytes, ttl_s: float) -> None:
+        """Extend our claim on `key` to `ttl_s` from now (only while it is still ours)."""
+        self._call("eval", "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], "
+                           "ARGV[2]) end return 0", 1, REDIS_LOCK_PREFIX + key, token, max(1, int(ttl_s * 1000)))
+
     def claimed(self, key: str) -> bool:
         return bool(self._call("exists", REDIS_LOCK_PREFIX + key))
 
@@ -369,6 +374,30 @@ class RedisCache:
             self._failed = True  # one warning, then the local cache alone
             log.warning("tori: shared compile cache %s unreachable (%s); using the local cache only", self.url, error)
             return None
+
+
+# A claim in Redis lives this long unless its holder renews it, which it does every
+# third of it while it compiles: a machine that dies mid-compile holds up the others
+# for at most this long (not their whole cache_wait_s).
+CLAIM_TTL_S = 15.0
+
+
+class _Renewal:
+    """Renews a claim in Redis from a thread of its own until stopped."""
+
+    def __init__(self, shared: RedisCache, key: str, token: bytes):
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(shared, key, token), daemon=True,
+                                        name=f"tori-claim-{key[:8]}")
+        self._thread.start()
+
+    def _run(self, shared: RedisCache, key: str, token: bytes) -> None:
+        while not self._stopped.wait(CLAIM_TTL_S / 3):
+            shared.renew(key, token, CLAIM_TTL_S)
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join(timeout=5)
 
 
 # --- the cache a compile uses -----------------------------------------------
@@ -436,10 +465,12 @@ class CompileCache:
                 log.warning("tori: waited %.0f s for another process to compile %s (option cache_wait_s); "
                             "compiling it here too", waited, key[:16])
             counters.cache_misses += 1
+            renewal = _Renewal(self.shared, key, token) if token is not None else None
             try:
                 yield None
             finally:
-                if token is not None:
+                if renewal is not None:
+                    renewal.stop()
                     self.shared.release(key, token)
 
     def _claim_shared(self, key: str, wait_s: float) -> tuple[bytes | None, bool]:
@@ -447,7 +478,7 @@ class CompileCache:
         ran out), waiting while another machine holds it; and whether it waited."""
         deadline, waited = time.monotonic() + wait_s, False
         while True:
-            token = self.shared.claim(key, ttl_s=max(wait_s, 1.0))
+            token = self.shared.claim(key, ttl_s=CLAIM_TTL_S)
             if token is not None:
                 return token, waited
             waited = True
