@@ -99,6 +99,15 @@ def test_iree_flags_from_a_string_a_json_list_or_a_sequence_and_only_flags():
         Options.from_mapping({"iree_flags": 5}, base=Options())
 
 
+def test_a_misspelt_environment_variable_is_named_with_the_one_meant():
+    with pytest.warns(UserWarning, match="environment variable TORI_CACHE_MAX_BYTES is not one tori reads "
+                                         r"\(ignored\); did you mean TORI_CACHE_MAX_SIZE\?"):
+        options = from_environment({"TORI_CACHE_MAX_BYTES": "1K", "TORI_FALLBACK": "error"})
+    assert options.fallback is Fallback.ERROR and options.cache_max_bytes == Options().cache_max_bytes
+    with pytest.warns(UserWarning, match="TORI_NOTHING_LIKE_IT is not one tori reads .*; the README lists"):
+        from_environment({"TORI_NOTHING_LIKE_IT": "1"})
+
+
 def test_every_stage_is_kept_in_order():
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh())
     with torch.no_grad():

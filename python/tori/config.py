@@ -10,6 +10,7 @@ import enum
 import json
 import os
 import tempfile
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -322,6 +323,26 @@ ENVIRONMENT = {
 }
 
 
+# TORI_* variables read elsewhere: the shared cache's key, the log level, and the
+# test suite's and fuzzer's own.
+OTHER_VARIABLES = ("TORI_CACHE_KEY", "TORI_LOG", "TORI_REQUIRE_VULKAN", "TORI_FUZZ_SEED", "TORI_FUZZ_SCALE")
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """A warning line for each TORI_* variable tori does not read (a misspelt one is
+    otherwise ignored without a word), with the names it may have meant."""
+    import difflib
+
+    known = [*ENVIRONMENT, *OTHER_VARIABLES]
+    lines = []
+    for var in sorted(v for v in environ if v.startswith("TORI_") and v not in known):
+        close = difflib.get_close_matches(var, known, n=2, cutoff=0.8)
+        lines.append(f"environment variable {var} is not one tori reads (ignored)"
+                     + (f"; did you mean {' or '.join(close)}?" if close else
+                        "; the README lists those it reads"))
+    return lines
+
+
 # Variables whose empty value means something (an empty pipeline runs no pass);
 # any other variable set to "" counts as unset.
 _EMPTY_MEANS_EMPTY = {"TORI_PIPELINE"}
@@ -329,6 +350,8 @@ _EMPTY_MEANS_EMPTY = {"TORI_PIPELINE"}
 
 def from_environment(environ: Mapping[str, str] | None = None) -> Options:
     environ = os.environ if environ is None else environ
+    for line in unknown_variables(environ):
+        warnings.warn(f"tori: {line}", stacklevel=2)
     values = {}
     for var, field_name in ENVIRONMENT.items():
         if not (environ.get(var) or (var in _EMPTY_MEANS_EMPTY and var in environ)):
