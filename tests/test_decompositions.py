@@ -108,3 +108,19 @@ def test_gradients_of_a_convolution_padded_beyond_its_kernel(conv, x_shape, w_sh
     assert count.compiled_graphs == 2
     for a, e in zip(actual, expected):
         torch.testing.assert_close(a, e)
+
+
+def test_views_of_dynamic_tensors_that_do_not_split_their_dims_in_order():
+    # Found by the dynamic-shape fuzzer: x.reshape(1, -1) of an [s0, s1] tensor failed
+    # every call ("tensor shape dimension 0 mismatch; expected 1 but have 4"); with a
+    # slice or an unsqueeze before it, "mismatching contracting dimension".
+    fn = lambda x: (x.reshape(1, -1), x.reshape(-1, 1, 2) * 2, x.reshape(2, -1) + 1,  # noqa: E731
+                    x[1:].reshape(1, -1) * 3, x.unsqueeze(1).reshape(2, -1) - 1)
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="tori", dynamic=True, options={"fallback": "error"})
+    with count_graphs() as count:
+        for shape in [(4, 6), (6, 2), (10, 4)]:
+            x = torch.randn(shape)
+            for a, e in zip(compiled(x), fn(x)):
+                torch.testing.assert_close(a, e)
+    assert count.compiled_calls == 3 and count.fallback_calls == 0

@@ -207,3 +207,17 @@ def test_threads_reaching_the_threshold_together_compile_one_variant():
         torch.testing.assert_close(result, _softmax_rows(x, w))
     assert count.shape_variants == 1 and count.compiled_calls == len(inputs) and count.fallback_calls == 0
     assert [v.sizes[0] for v in tori.last_compile().forward.variants] == [(3, 5), (4, 5)]
+
+
+def test_an_output_that_is_a_strided_view_of_an_input_keeps_its_strides_with_dynamic_shapes():
+    # AOTAutograd rebuilds such an output from the input with the strides of the tensor
+    # the compiled graph returned for it; IREE's is contiguous, so x.t().reshape(n, 1, -1)
+    # came back as x's elements in order (wrong values, silently; the dynamic-shape fuzzer).
+    fn = lambda x: (x.t().reshape(x.shape[1], 1, -1), x[1:].t(), x.t()[1:])  # noqa: E731
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="tori", dynamic=True, options={"fallback": "error"})
+    for shape in [(2, 3), (3, 4), (5, 2)]:
+        x = torch.arange(shape[0] * shape[1], dtype=torch.float32).reshape(shape)
+        for a, e in zip(compiled(x), fn(x)):
+            assert a.shape == e.shape and a.stride() == e.stride() and torch.equal(a, e)
+            assert a.data_ptr() != 0 and a.untyped_storage().data_ptr() == x.untyped_storage().data_ptr()

@@ -85,3 +85,23 @@ def test_running_twice_binds_once(filecheck):
         # CHECK: torch.bind_symbolic_shape %arg0
     """, pipeline="tori-specialize-guards, tori-specialize-guards")
     assert out.count("torch.bind_symbolic_shape") == 1
+
+
+def test_a_pinned_dim_of_an_argument_with_dynamic_dims_is_bound_before_its_cast(filecheck):
+    # IREE ties an argument's uses after its binding to the bound value: a cast placed
+    # before the binding then used a value defined after it ("operand #0 does not
+    # dominate this use", a dynamic x[1:] first called with 2 rows).
+    filecheck("""
+        func.func @pinned_and_dynamic(%arg0: !torch.vtensor<[?,?],f32>) -> !torch.vtensor<[?,?],f32> {
+          %0 = "tori.dim_facts"(%arg0) {dim = 0 : i64, min = 2 : i64, max = 2 : i64, divisor = 1 : i64} : (!torch.vtensor<[?,?],f32>) -> !torch.vtensor<[?,?],f32>
+          %1 = "tori.dim_facts"(%0) {dim = 1 : i64, min = 2 : i64, max = 8 : i64, divisor = 1 : i64} : (!torch.vtensor<[?,?],f32>) -> !torch.vtensor<[?,?],f32>
+          %2 = torch.aten.relu %1 : !torch.vtensor<[?,?],f32> -> !torch.vtensor<[?,?],f32>
+          return %2 : !torch.vtensor<[?,?],f32>
+        }
+    """, """
+        # CHECK-LABEL: func.func @pinned_and_dynamic(%arg0: !torch.vtensor<[2,?],f32>)
+        # CHECK-NEXT:    %[[S0:.+]] = torch.symbolic_int "s0" {min_val = 2, max_val = 8}
+        # CHECK-NEXT:    torch.bind_symbolic_shape %arg0, [%[[S0]]], affine_map<()[s0] -> (2, s0)> : !torch.vtensor<[2,?],f32>
+        # CHECK-NEXT:    %[[CAST:.+]] = torch.tensor_static_info_cast %arg0 : !torch.vtensor<[2,?],f32> to !torch.vtensor<[?,?],f32>
+        # CHECK-NEXT:    "tori.dim_facts"(%[[CAST]])
+    """)

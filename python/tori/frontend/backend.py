@@ -20,6 +20,7 @@ from torch._dynamo.exc import BackendCompilerFailed, RestartAnalysis, SkipFrame
 from tori import distributed
 from tori.config import Fallback, Options
 from tori.errors import CheckFailedError, CompileError, OptionsError, ToriError, ToriRuntimeError, through_dynamo
+from tori.frontend.alias_outputs import restrider, user_outputs
 from tori.frontend.compile_graph import compile_graph
 from tori.frontend.constant_origins import ORIGIN, AssumedConstant, assumed_constants
 from tori.frontend.decompositions import decomposition_table
@@ -62,7 +63,9 @@ def tori_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], options: d
         return _unboxed(_boxed(served, gm, opts, record.graphs[-1].name), ())
     constants = _dynamo_constants(gm)
     plain = _PlainInference()
-    compilers = {kind: _aot_compiler(record, kind, constants, plain) for kind in ("forward", "backward", "inference")}
+    views = user_outputs(gm)
+    compilers = {kind: _aot_compiler(record, kind, constants, plain, views)
+                 for kind in ("forward", "backward", "inference")}
     try:
         # Effect tokens made and consumed inside the graph (prims._make_token, _sink_tokens)
         # rather than passed as inputs, which AOTAutograd's runtime wrapper sets to None.
@@ -207,9 +210,13 @@ def _plain(meta) -> bool:
     )
 
 
-def _aot_compiler(record: CompileRecord, kind: str, constants: list[AssumedConstant], plain: _PlainInference) -> Callable:
+def _aot_compiler(record: CompileRecord, kind: str, constants: list[AssumedConstant], plain: _PlainInference,
+                  views: list) -> Callable:
     def compile_aot_graph(gm: torch.fx.GraphModule, example_inputs: list[Any]):
+        restride = restrider(gm, views) if kind != "backward" else None
         compiled = _compile_aot_graph(gm, kind)
+        if restride is not None:
+            compiled = _restrided(compiled, restride)
         if kind == "inference":
             plain.offer(compiled, gm, _static_inputs(kind))
         return compiled
@@ -233,6 +240,16 @@ def _aot_compiler(record: CompileRecord, kind: str, constants: list[AssumedConst
         return _boxed(specialize(compiled, gm, record.options, graph, static_args), gm, record.options, graph.name)
 
     return compile_aot_graph
+
+
+def _restrided(compiled: Callable, restride: Callable) -> Callable:
+    """`compiled` with its aliased outputs given their traced metadata (alias_outputs.py)."""
+    def call(args):
+        return restride(args, compiled)
+
+    call._boxed_call = True
+    call.compiled_graph = getattr(compiled, "compiled_graph", None)
+    return call
 
 
 def _static_inputs(kind: str) -> frozenset[int]:

@@ -119,24 +119,27 @@ def _specialize(func: ir.Operation) -> None:
                 continue
             facts = {dim: f for dim, f in dims[index].items() if dim < len(sizes)}
             pins = {dim: f.pinned for dim, f in facts.items() if f.pinned is not None and sizes[dim] is None}
+            old_type, bound = argument.type, _bound(argument)
             if pins:
-                old_type = argument.type
-                new_sizes = [pins.get(dim, size) for dim, size in enumerate(sizes)]
-                argument.set_type(_with_sizes(old_type, new_sizes))
+                sizes = [pins.get(dim, size) for dim, size in enumerate(sizes)]
+                argument.set_type(_with_sizes(old_type, sizes))
+            # The binding before the cast: IREE ties the argument's later uses to the
+            # bound value, and a cast placed first then used a value defined after it.
+            binding = None
+            if not bound and not all(size is not None for size in sizes):
+                symbols, binding = _bind(argument, sizes, facts, symbols)
+            if pins:
                 cast = ir.Operation.create("torch.tensor_static_info_cast", results=[old_type], operands=[argument])
-                argument.replace_all_uses_except(cast.results[0], cast)
-                sizes = new_sizes
-            if _bound(argument) or all(size is not None for size in sizes):
-                continue
-            symbols = _bind(argument, sizes, facts, symbols)
+                argument.replace_all_uses_except(cast.results[0], [cast] + ([binding] if binding else []))
     inputs = [argument.type for argument in block.arguments]
     results = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value).results
     func.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(inputs, results))
 
 
-def _bind(argument: ir.Value, sizes: list[int | None], facts: dict[int, Facts], next_symbol: int) -> int:
+def _bind(argument: ir.Value, sizes: list[int | None], facts: dict[int, Facts],
+          next_symbol: int) -> tuple[int, ir.Operation]:
     """Bind `argument`'s dynamic sizes to new symbols with the ranges of `facts`; returns
-    the next free symbol number."""
+    the next free symbol number and the binding."""
     i64 = ir.IntegerType.get_signless(64)
     values, exprs = [], []
     for dim, size in enumerate(sizes):
@@ -157,9 +160,9 @@ def _bind(argument: ir.Value, sizes: list[int | None], facts: dict[int, Facts], 
         expr = ir.AffineSymbolExpr.get(position)
         exprs.append(expr * divisor if divisor > 1 else expr)
     shape = ir.AffineMap.get(0, len(values), exprs)
-    ir.Operation.create("torch.bind_symbolic_shape", operands=[argument, *values],
-                        attributes={"shape_expressions": ir.AffineMapAttr.get(shape)})
-    return next_symbol
+    binding = ir.Operation.create("torch.bind_symbolic_shape", operands=[argument, *values],
+                                  attributes={"shape_expressions": ir.AffineMapAttr.get(shape)})
+    return next_symbol, binding
 
 
 @register_pass("tori-specialize-guards")
