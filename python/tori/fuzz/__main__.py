@@ -23,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tori.fuzz", description=__doc__)
     parser.add_argument("--modes", nargs="+", choices=[m.value for m in Mode], default=[m.value for m in Mode])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    parser.add_argument("--batches", type=int, default=70, help="batches per seed and mode")
+    parser.add_argument("--batches", type=int, default=100, help="batches per seed and mode")
     parser.add_argument("--batch-size", type=int, default=8, help="programs per compiled batch at most")
     parser.add_argument("--no-shrink", action="store_true",
                         help="report every program as found, none shrunk (the test suite's run)")
