@@ -39,6 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     results, failed = {}, False
     for mode in map(Mode, args.modes):
         summary = Summary()
+        variants_before = counters.shape_variants
         shrunk = []
         longest = [0.0]
         for value in args.seeds:
@@ -68,7 +69,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{mode}, seed {value}: {summary.line()}", flush=True)
         if shrunk:
             print(f"\n{mode}: seeds with a failure (shrunk programs above): {shrunk}")
-        print(f"\n{mode} summary: {summary.line()}; longest batch {longest[0]:.1f} s")
+        print(f"\n{mode} summary: {summary.line()}; longest batch {longest[0]:.1f} s"
+              + (f"; {counters.shape_variants - variants_before} static-shape variants" if mode is Mode.DYNAMIC else ""))
         if summary.refusals:
             print("refused, by reason:")
             for reason, count in sorted(summary.refusals.items(), key=lambda item: -item[1]):
@@ -77,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         results[mode.value] = {
             "programs": summary.programs, "line": summary.line(), "compiles": summary.compiles,
             "seconds": round(summary.seconds, 1), "longest_batch_s": round(longest[0], 1),
+            "shape_variants": counters.shape_variants - variants_before,
             "verdicts": {v.value: n for v, n in summary.verdicts.items()},
             "not_matching": [{"verdict": o.verdict.value, "key": o.program.key(), "detail": o.detail,
                               "reproducer": o.program.reproducer()}
