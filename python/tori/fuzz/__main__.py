@@ -58,8 +58,8 @@ def main(argv: list[str] | None = None) -> int:
                 bad = [o for o in outcomes if o.verdict in (Verdict.WRONG, Verdict.CRASH)]
                 if bad and not args.no_shrink:
                     failing.append(bad)
-                    raise AssertionError("\n\n".join(f"{o.verdict.value}: {o.detail}\n{o.program.reproducer()}"
-                                                     for o in bad))
+                    raise AssertionError("\n\n".join(
+                        f"{o.verdict.value}: {o.detail}\n{o.program.reproducer(mode.value)}" for o in bad))
 
             try:
                 run()
@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
             "shape_variants": counters.shape_variants - variants_before,
             "verdicts": {v.value: n for v, n in summary.verdicts.items()},
             "not_matching": [{"verdict": o.verdict.value, "key": o.program.key(), "detail": o.detail,
-                              "reproducer": o.program.reproducer()}
+                              "reproducer": o.program.reproducer(mode.value)}
                              for o in [*summary.failures, *summary.refused]]}
     if args.json is not None:
         args.json.write_text(json.dumps({"seeds": args.seeds, "batches": args.batches,

@@ -85,21 +85,43 @@ class Program:
         """A short, stable name of the program: a digest of its source and its inputs."""
         return hashlib.sha256(self.reproducer().encode()).hexdigest()[:12]
 
-    def reproducer(self) -> str:
-        """A self-contained script that runs the program in eager and with tori."""
+    def reproducer(self, mode: str = "values") -> str:
+        """A self-contained script that runs the program in eager and with tori, as
+        `mode` (tori.fuzz.modes.Mode) checks it."""
         inputs = "\n".join(f"{name} = {tensor_literal(spec.make())}"
                            for name, spec in zip(self.input_names(), self.inputs))
         args = ", ".join(self.input_names())
-        return (
-            "import torch\nimport torch.nn.functional as F\n"
-            "nan, inf = float('nan'), float('inf')\n\n"
-            f"{self.function_source()}\n{inputs}\n"
-            f"expected = program({args})\n"
-            f"actual = torch.compile(program, backend='tori', fullgraph=True, dynamic=False,\n"
-            f"                       options={{'fallback': 'error'}})({args})\n"
-            "for a, e in zip(actual, expected):\n"
-            "    torch.testing.assert_close(a, e, equal_nan=True)\n"
-        )
+        head = ("import torch\nimport torch.nn.functional as F\n"
+                "nan, inf = float('nan'), float('inf')\n\n"
+                f"{self.function_source()}\n{inputs}\n")
+        compiled = (f"torch.compile(program, backend='tori', fullgraph=True, dynamic={mode == 'dynamic'},\n"
+                    f"                         options={{'fallback': 'error'}})")
+        check = ("for a, e in zip(actual, expected):\n"
+                 "    torch.testing.assert_close(a, e, equal_nan=True)\n")
+        if mode == "gradients":
+            return head + (
+                f"def results(fn, *inputs):\n"
+                f"    leaves = [t.detach().clone().requires_grad_(t.dtype == torch.float32) for t in inputs]\n"
+                f"    outputs = fn(*leaves)\n"
+                f"    loss = sum((o * torch.randn(o.shape, generator=torch.Generator().manual_seed(1000 + k),\n"
+                f"                                dtype=torch.float64).to(o.dtype)).sum(dtype=torch.float64)\n"
+                f"               for k, o in enumerate(outputs) if o.requires_grad and o.dtype.is_floating_point)\n"
+                f"    wanted = [t for t in leaves if t.requires_grad]\n"
+                f"    grads = torch.autograd.grad(loss, wanted, allow_unused=True) if wanted and loss else ()\n"
+                f"    return [o.detach() for o in outputs] + [g for g in grads if g is not None]\n\n"
+                f"expected = results(program, {args})\n"
+                f"actual = results({compiled}, {args})\n" + check)
+        if mode == "export":
+            return head + (
+                "import tempfile, tori, tori.runtime\n"
+                f"expected = program({args})\n"
+                f"path = tori.export(program, ({args},), output_dir=tempfile.mkdtemp() + '/program', examples=False)\n"
+                f"actual = tori.runtime.load(path)(*(t.numpy() for t in ({args},)))\n"
+                "actual = [torch.from_numpy(a) for a in (actual if isinstance(actual, tuple) else (actual,))]\n"
+                + check)
+        return head + (f"expected = program({args})\nactual = {compiled}({args})\n"
+                       + ("# then the calls at other sizes of the leading and last dims (tori.fuzz.modes)\n"
+                          if mode == "dynamic" else "") + check)
 
 
 _NAME = re.compile(r"\b([xv]\d+)\b")
