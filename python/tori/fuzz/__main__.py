@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{mode}, seed {value}: {summary.line()}", flush=True)
         if shrunk:
             print(f"\n{mode}: seeds with a failure (shrunk programs above): {shrunk}")
-        print(f"\n{mode} summary: {summary.line()}; longest batch {longest[0]:.1f} s"
-              + (f"; {counters.shape_variants - variants_before} static-shape variants" if mode is Mode.DYNAMIC else ""))
+        variants = f"; {counters.shape_variants - variants_before} static-shape variants" if mode is Mode.DYNAMIC else ""
+        print(f"\n{mode} summary: {summary.line()}; longest batch {longest[0]:.1f} s{variants}")
         if summary.refusals:
             print("refused, by reason:")
             for reason, count in sorted(summary.refusals.items(), key=lambda item: -item[1]):

@@ -27,7 +27,8 @@ def _dynamic(sizes) -> bool:
 def view_through_flat(op, x, size):
     # The failing form: a static leading size and a -1 (reshape(1, -1), (2, -1)). Others
     # lower as they are, and some (reshape(-1, 1, 2)) only so.
-    if x.dim() < 2 or len(size) < 2 or not _dynamic(x.shape) or not isinstance(size[0], int) or size[0] < 0 or -1 not in size:
+    leading_static = isinstance(size[0], int) and size[0] >= 0 if size else False
+    if x.dim() < 2 or len(size) < 2 or not _dynamic(x.shape) or not leading_static or -1 not in size:
         return NotImplemented
     # A view of a transposed tensor that keeps its dims apart has no flat form: its
     # values in order first (contiguous() of a contiguous tensor is the tensor itself).
