@@ -323,9 +323,10 @@ ENVIRONMENT = {
 }
 
 
-# TORI_* variables read elsewhere: the shared cache's key, the log level, and the
-# test suite's and fuzzer's own.
-OTHER_VARIABLES = ("TORI_CACHE_KEY", "TORI_LOG", "TORI_REQUIRE_VULKAN", "TORI_FUZZ_SEED", "TORI_FUZZ_SCALE")
+# TORI_* variables read elsewhere: the shared cache's key, the log level; and the
+# test suite's and fuzzer's own (TORI_REQUIRE_REDIS, TORI_FUZZ_SEED, ...).
+OTHER_VARIABLES = ("TORI_CACHE_KEY", "TORI_LOG")
+OTHER_PREFIXES = ("TORI_REQUIRE_", "TORI_FUZZ_")
 
 
 def unknown_variables(environ: Mapping[str, str]) -> list[str]:
@@ -335,7 +336,8 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
 
     known = [*ENVIRONMENT, *OTHER_VARIABLES]
     lines = []
-    for var in sorted(v for v in environ if v.startswith("TORI_") and v not in known):
+    for var in sorted(v for v in environ if v.startswith("TORI_") and v not in known
+                      and not v.startswith(OTHER_PREFIXES)):
         close = difflib.get_close_matches(var, known, n=2, cutoff=0.8)
         lines.append(f"environment variable {var} is not one tori reads (ignored)"
                      + (f"; did you mean {' or '.join(close)}?" if close else
