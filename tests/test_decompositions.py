@@ -124,3 +124,13 @@ def test_views_of_dynamic_tensors_that_do_not_split_their_dims_in_order():
             for a, e in zip(compiled(x), fn(x)):
                 torch.testing.assert_close(a, e)
     assert count.compiled_calls == 3 and count.fallback_calls == 0
+
+
+def test_a_sum_of_bools_is_their_or():
+    # From `make fuzz` (values, seed 1): logical_not(x1 <= x0) + True was False (IREE
+    # added the i1 values and kept the low bit); eager's True + True is True.
+    fn = lambda a, b: (a + True, a + b, torch.add(a, b, alpha=False), b + a + a)  # noqa: E731
+    a, b = torch.tensor([True, False, True, False]), torch.tensor([True, True, False, False])
+    torch._dynamo.reset()
+    for x, y in zip(torch.compile(fn, backend="tori", options={"fallback": "error"})(a, b), fn(a, b)):
+        assert x.dtype == y.dtype == torch.bool and torch.equal(x, y)

@@ -114,6 +114,17 @@ def _bool_compared_with_a_number(op, x, number):
     return op(x.to(torch.int64 if isinstance(number, int) else torch.get_default_dtype()), number)
 
 
+# A sum of bools is a bool: eager's True + True is True (an or); IREE added the i1
+# values and kept the low bit (False; found by `make fuzz`, values, seed 1).
+@register_decomposition(aten.add.Tensor, aten.add.Scalar)
+def _sum_of_bools(op, a, b, *, alpha=1):
+    if not isinstance(a, torch.Tensor) or torch.result_type(a, b) != torch.bool:
+        return NotImplemented
+    if isinstance(b, torch.Tensor):
+        return torch.logical_or(a, b if alpha else b & False)
+    return torch.logical_or(a, torch.full_like(a, bool(b) and bool(alpha), dtype=torch.bool))
+
+
 # IREE lowers the named shift ops but not the Python operators `<<`, `>>` on tensors.
 register_decomposition(aten.__lshift__.Tensor)(lambda op, *a, **k: aten.bitwise_left_shift.Tensor(*a, **k))
 register_decomposition(aten.__rshift__.Tensor)(lambda op, *a, **k: aten.bitwise_right_shift.Tensor(*a, **k))
