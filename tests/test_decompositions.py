@@ -134,3 +134,26 @@ def test_a_sum_of_bools_is_their_or():
     torch._dynamo.reset()
     for x, y in zip(torch.compile(fn, backend="tori", options={"fallback": "error"})(a, b), fn(a, b)):
         assert x.dtype == y.dtype == torch.bool and torch.equal(x, y)
+
+
+def test_integer_negation_and_division_are_exact_for_every_int64():
+    # From `make fuzz` (gradients, seed 2): -(-2147483649) was 2147483648 (Torch-MLIR
+    # negates integers through float32) and (2**53 + 1) // 3 one off (floor division
+    # through float64). The minimum // -1, which traps on x86, wraps as eager's does.
+    minimum = -2**63
+    x = torch.tensor([-2147483649, 3, 2**53 + 1, -(2**62) - 1, 0, -7, 7, -7, minimum, minimum, 9])
+    y = torch.tensor([7, -2, 3, 2**33 + 1, 5, 2, -2, -2, -1, 3, -1])
+    fn = lambda x, y: (-x, x // y, x % y, x // 3, x % -3, torch.div(x, y, rounding_mode="floor"),  # noqa: E731
+                       x.to(torch.int32) // y.to(torch.int32))
+    torch._dynamo.reset()
+    for a, e in zip(torch.compile(fn, backend="tori", options={"fallback": "error"})(x, y), fn(x, y)):
+        assert a.dtype == e.dtype and torch.equal(a, e), (a, e)
+    # Eager's truncating division of the minimum by -1 traps too: against Python's ints.
+    torch._dynamo.reset()
+    trunc = torch.compile(lambda x, y: (torch.div(x, y, rounding_mode="trunc"), torch.fmod(x, y)), backend="tori",
+                          options={"fallback": "error"})(x, y)
+    expected = [int(a / b) if abs(a) < 2**52 else -(-a // b) if (a < 0) != (b < 0) else a // b
+                for a, b in zip(x.tolist(), y.tolist())]
+    expected[8] = minimum
+    assert trunc[0].tolist() == expected
+    assert trunc[1].tolist() == [a - b * q for a, b, q in zip(x.tolist(), y.tolist(), expected)][:8] + [0, -2, 0]
