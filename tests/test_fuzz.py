@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from tori.fuzz.check import Summary, Verdict, check, mismatch, unsettled_values
+from tori.fuzz.modes import Mode
 from tori.fuzz.program import build
 from tori.fuzz.program import InputSpec, Node, Program
 
@@ -200,3 +201,16 @@ def test_eager_nan_that_float64_does_not_give_is_not_held_against_tori():
     # A NaN that float64 does give must still be matched.
     assert mismatch(torch.tensor([inf]), torch.tensor([float("nan")]), exact=torch.tensor([float("nan")])) is not None
     assert mismatch(torch.tensor([inf]), torch.tensor([float("nan")]), exact=torch.tensor([inf], dtype=torch.float64)) is None
+
+
+def test_a_gradient_that_eager_takes_another_formula_for_is_judged_by_the_traced_one():
+    # From `make fuzz` (gradients, seed 3): prod of [1e20, nan]; eager's backward divides
+    # the product by each element (NaN), AOTAutograd's traced one multiplies the others
+    # (1e20), and so does tori. Judged by the traced formula, it matches; a value that
+    # both formulas give differently from tori would not.
+    nan = float("nan")
+    program = Program(inputs=(InputSpec((2,), torch.float32, specials=(1e20, nan)),),
+                      nodes=(Node("v0", "reduction", "torch.prod(x0, dim=-1)"),))
+    (outcome,) = check([program], Summary(), Mode.GRADIENTS)
+    assert outcome.verdict is Verdict.MATCH, outcome.detail
+    assert outcome.program.result_names() == ["v0"]

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tori.errors import CompileError
-from tori.fuzz.modes import Mode, call_inputs, compiled, result_names, run_program
+from tori.fuzz.modes import Mode, call_inputs, compiled, result_names, run_program, traced_gradients
 from tori.fuzz.program import Program, batch_source, build
 
 # Tolerances per dtype; float16 results may round differently through f32 steps.
@@ -247,6 +247,11 @@ def _check_group(programs, indices, expected, outcomes, summary, mode) -> None:
                                             exact[k] if k < len(exact) else None)) is not None]
             if len(results) != len(wanted):
                 problems.append(f"{len(results)} results, eager {len(wanted)}")
+        if problems and mode is Mode.GRADIENTS:  # a gradient as AOTAutograd's trace computes it is not tori's fault
+            traced = traced_gradients(build(programs[i].function_source(), "program"), calls[0])
+            if traced is not None and len(traced) == len(results):
+                problems = [f"{names[k]}: {why}" for k, (a, e) in enumerate(zip(results, wanted))
+                            if (why := mismatch(a, e)) is not None and mismatch(a, traced[k]) is not None]
         if problems:
             disagreeing.append((i, "; ".join(problems)))
         else:

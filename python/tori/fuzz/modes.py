@@ -124,6 +124,22 @@ def run_program(fn, inputs: list[torch.Tensor], mode: Mode) -> list[torch.Tensor
     return [o.detach() if isinstance(o, torch.Tensor) else o for o in outputs] + list(grads)
 
 
+def traced_gradients(fn, inputs: list[torch.Tensor]) -> list[torch.Tensor] | None:
+    """The program's results as GRADIENTS computes them, through AOTAutograd's own
+    trace run by eager kernels (`backend="aot_eager"`): the backward formulas a
+    compiler gets. Eager's autograd may take another: prod's backward divides the
+    product by each element where no element is zero (NaN for [1e20, nan]), its
+    traced form multiplies the others (1e20). None where it does not run."""
+    torch._dynamo.reset()
+    try:
+        traced = torch.compile(fn, backend="aot_eager", fullgraph=True, dynamic=False)
+        return run_program(traced, inputs, mode=Mode.GRADIENTS)
+    except Exception:
+        return None
+    finally:
+        torch._dynamo.reset()
+
+
 def result_names(program: Program, mode: Mode, calls: int = 1) -> list[str]:
     names = program.result_names()
     if mode is Mode.GRADIENTS:
