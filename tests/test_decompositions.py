@@ -157,3 +157,17 @@ def test_integer_negation_and_division_are_exact_for_every_int64():
     expected[8] = minimum
     assert trunc[0].tolist() == expected
     assert trunc[1].tolist() == [a - b * q for a, b, q in zip(x.tolist(), y.tolist(), expected)][:8] + [0, -2, 0]
+
+
+def test_float_floor_division_and_fmod_have_eager_special_values():
+    # From the gradient fuzzer (remainder's backward floor-divides): inf // 3 was inf
+    # (eager NaN, Python's semantics), -5 // inf was -0.0 (eager -1), fmod(5, inf) NaN (eager 5).
+    inf, nan = float("inf"), float("nan")
+    x = torch.tensor([inf, -inf, 5.0, -5.0, inf, 7.5, -0.0, 3.0, -3.0, 0.0, -7.0, 2.5, nan, 4.0])
+    y = torch.tensor([1e-30, 2.0, inf, inf, inf, -2.0, 1.0, 0.0, 0.0, 0.0, 2.0, -0.5, 1.0, nan])
+    fn = lambda x, y: (x // y, torch.div(x, y, rounding_mode="floor"), x.half() // y.half(),  # noqa: E731
+                       torch.fmod(x, y), x // 2.5)
+    torch._dynamo.reset()
+    for a, e in zip(torch.compile(fn, backend="tori", options={"fallback": "error"})(x, y), fn(x, y)):
+        torch.testing.assert_close(a, e, equal_nan=True, rtol=0, atol=0)
+        assert torch.equal(torch.signbit(a)[~e.isnan()], torch.signbit(e)[~e.isnan()])  # -0.0 too

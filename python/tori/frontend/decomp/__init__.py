@@ -30,7 +30,7 @@ from tori.frontend.decomp import take  # noqa: F401
 from tori.frontend.decomp import avg_pool  # noqa: F401
 from tori.frontend.decomp import conv_backward  # noqa: F401
 from tori.frontend.decomp import dynamic_views  # noqa: F401
-from tori.frontend.decomp import integers  # noqa: F401
+from tori.frontend.decomp import division  # noqa: F401
 from tori.frontend.decomp import sampling  # noqa: F401
 from tori.frontend.decomp import resampling  # noqa: F401
 from tori.frontend.decomp import normal  # noqa: F401

@@ -1,4 +1,5 @@
-"""Integer negation and division, exact for every int64, and never a trap.
+"""Integer negation and division, exact for every int64, and never a trap; float
+floor division with eager's special values.
 
 Torch-MLIR lowers `neg` of an integer tensor through float32 and `floor_divide`
 through float64: -(-2147483649) gave 2147483648 and (2^53 + 1) // 3 gave
@@ -10,6 +11,13 @@ by -1 (wrapping as eager does); division, floor division, remainder and fmod nev
 divide the minimum by -1; floor division is truncating division corrected by one
 where the remainder's sign differs from the divisor's. Division by zero is checked
 before (checks.py).
+
+Float floor division is eager's (c10's div_floor_floating, Python's semantics):
+(a - fmod(a, b)) / b, one less where the remainder's sign differs from the divisor's,
+rounded to the nearest integer; IREE's floor(a / b) gave inf for inf // 3 (eager NaN,
+as fmod(inf, 3) is) and -0.0 for -5 // inf (eager -1; found by the gradient fuzzer,
+remainder's backward floor-divides). And fmod of a finite number by an infinite one
+is that number (IREE's was NaN).
 """
 
 from __future__ import annotations
@@ -54,26 +62,57 @@ def _floor_quotient(x, y):
     return quotient - late.to(quotient.dtype)
 
 
-@register_decomposition(aten.div.Tensor_mode, aten.div.Scalar_mode)
-def integer_division(op, x, y, *, rounding_mode=None):
-    operands = _operands(x, y) if rounding_mode in ("trunc", "floor") else None
-    if operands is None:
-        return NotImplemented
-    if rounding_mode == "floor":
+def _float_fmod(a, b):
+    """C's fmod: a finite number modulo an infinite one is that number (IREE's is NaN)."""
+    return torch.where(torch.isinf(b) & torch.isfinite(a), a, as_is(aten.fmod.Tensor, a, b))
+
+
+def _float_floor_quotient(a, b):
+    mod = _float_fmod(a, b)
+    div = (a - mod) / b
+    div = torch.where((mod != 0) & ((b < 0) != (mod < 0)), div - 1, div)
+    floor = torch.floor(div)
+    floor = torch.where(div - floor > 0.5, floor + 1, floor)
+    floor = torch.where(div != 0, floor, torch.copysign(torch.zeros_like(div), a / b))
+    return torch.where(b == 0, a / b, floor)
+
+
+def _float_operands(x, y):
+    dtype = torch.result_type(x, y)
+    if not dtype.is_floating_point or not isinstance(x, torch.Tensor):
+        return None
+    y = y if isinstance(y, torch.Tensor) else torch.full_like(x, y, dtype=dtype)
+    return x.to(dtype), y.to(dtype)
+
+
+def _floor_division(x, y):
+    operands = _operands(x, y)
+    if operands is not None:
         return _floor_quotient(*operands)
-    return _quotient_and_remainder(*operands)[0]
+    operands = _float_operands(x, y)
+    return NotImplemented if operands is None else _float_floor_quotient(*operands)
+
+
+@register_decomposition(aten.div.Tensor_mode, aten.div.Scalar_mode)
+def division_with_rounding(op, x, y, *, rounding_mode=None):
+    if rounding_mode == "floor":
+        return _floor_division(x, y)
+    operands = _operands(x, y) if rounding_mode == "trunc" else None
+    return NotImplemented if operands is None else _quotient_and_remainder(*operands)[0]
 
 
 @register_decomposition(aten.floor_divide.default, aten.floor_divide.Scalar)
-def integer_floor_division(op, x, y):
-    operands = _operands(x, y)
-    return NotImplemented if operands is None else _floor_quotient(*operands)
+def floor_division(op, x, y):
+    return _floor_division(x, y)
 
 
 @register_decomposition(aten.fmod.Tensor, aten.fmod.Scalar)
-def integer_fmod(op, x, y):
+def fmod(op, x, y):
     operands = _operands(x, y)
-    return NotImplemented if operands is None else _quotient_and_remainder(*operands)[1]
+    if operands is not None:
+        return _quotient_and_remainder(*operands)[1]
+    operands = _float_operands(x, y)
+    return NotImplemented if operands is None else _float_fmod(*operands)
 
 
 @register_decomposition(aten.remainder.Tensor, aten.remainder.Scalar)
