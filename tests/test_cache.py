@@ -374,14 +374,14 @@ def test_two_machines_compiling_one_model_at_once_compile_it_once(tmp_path, redi
 
 # --- stress: 4 processes, 20 graphs, one process killed mid-compile ---
 
-# Process P compiles 12 of 20 graphs (5P to 5P+11, modulo 20: every graph in two or
-# three processes), in an order of its own, each against eager.
+# Process P compiles 8 of 20 graphs (5P to 5P+7, modulo 20: every graph in one or two
+# processes, 12 of them in two), in an order of its own, each against eager.
 STRESS_COMPILE = textwrap.dedent("""
     import json, random, sys
     import torch
     from tori.stats import counters
     p = int(sys.argv[1])
-    graphs = [(5 * p + i) % 20 for i in range(12)]
+    graphs = [(5 * p + i) % 20 for i in range(8)]
     random.Random(p).shuffle(graphs)
     weights = torch.randn(20, 24, 24, generator=torch.Generator().manual_seed(0))
     x = torch.randn(4, 24, generator=torch.Generator().manual_seed(1))
@@ -400,7 +400,7 @@ STRESS_COMPILE = textwrap.dedent("""
                       "cache_hits": counters.cache_hits, "cache_corrupt": counters.cache_corrupt,
                       "cache_waits": counters.cache_waits}), flush=True)
 """)
-STRESS_BOUND = 300_000  # bytes: about 12 of the 20 entries, so that processes evict each other's
+STRESS_BOUND = 200_000  # bytes: about 8 of the 20 entries, so that processes evict each other's
 
 
 def _iree_compile_children(pid: int) -> list[int]:
@@ -444,7 +444,7 @@ def _stress_run(tmp_path: Path, redis_url: str | None = None) -> None:
         results.append(json.loads(out.strip().splitlines()[-1]))
     elapsed = time.monotonic() - started
     for r in results:
-        assert r["wrong"] == [] and r["fallback_graphs"] == 0 and r["compiled_graphs"] == 12, r
+        assert r["wrong"] == [] and r["fallback_graphs"] == 0 and r["compiled_graphs"] == 8, r
         assert r["cache_corrupt"] == 0, r
     assert elapsed < 110, f"{elapsed:.0f} s: a process waited on the killed one's lock or claim"
     folders = {directory(p) for p in range(4)}
@@ -460,20 +460,20 @@ def _stress_run(tmp_path: Path, redis_url: str | None = None) -> None:
 
         client = redis.Redis.from_url(redis_url)
         stored = [k for k in client.keys(REDIS_PREFIX + "*")]
-        assert len(stored) >= 12
+        assert len(stored) >= 8
         from tori.cache import RedisCache
 
         shared = RedisCache(redis_url, b"fleet-secret")
         for name in stored:
             key = name.decode()[len(REDIS_PREFIX):]
             assert decode_entry(key, shared.get(key))
-    # A process after them: every graph served or compiled, all correct.
-    out = subprocess.run([sys.executable, "-c", STRESS_COMPILE.replace("range(12)", "range(20)"), "0"],
+    # A process after them, with process 0's graphs: each served or compiled again, correct.
+    out = subprocess.run([sys.executable, "-c", STRESS_COMPILE, "0"],
                          capture_output=True, text=True, timeout=300,
                          env={**environ, "TORI_CACHE_DIR": str(directory(0))})
     assert out.returncode == 0, out.stderr[-3000:]
     last = json.loads(out.stdout.strip().splitlines()[-1])
-    assert last["wrong"] == [] and last["cache_corrupt"] == 0 and last["cache_hits"] >= 8, last
+    assert last["wrong"] == [] and last["cache_corrupt"] == 0 and last["cache_hits"] >= 2, last
 
 
 @pytest.mark.slow

@@ -17,10 +17,10 @@ from tori.fuzz.modes import Mode
 from tori.fuzz.program import build
 from tori.fuzz.program import InputSpec, Node, Program
 
-# Batches of up to 8 programs per mode at the default seed: values 45 (about 170
-# programs), gradients, dynamic shapes and export 15 each (50-60 programs), about two
-# minutes in all on 2 cores. `make fuzz` runs 60 batches per mode and seed, 3 seeds.
-BATCHES = {"values": 45, "gradients": 15, "dynamic": 15, "export": 15}
+# Batches of up to 8 programs per mode at the default seed (values 30, gradients,
+# dynamic shapes and export 10 each), about a minute in all on 2 cores. `make fuzz`
+# runs 100 batches per mode and seed, 3 seeds.
+BATCHES = {"values": 30, "gradients": 10, "dynamic": 10, "export": 10}
 SEED = int(os.environ.get("TORI_FUZZ_SEED", "20261129"))
 SCALE = float(os.environ.get("TORI_FUZZ_SCALE", "1"))
 
