@@ -117,3 +117,18 @@ def test_ragged_max_pool_values_come_from_one_pooling_op(size, kernel, stride, p
 def test_pooling_of_an_unbatched_input_matches_eager(pool, shape):
     # (C, L) and (C, H, W) inputs: IREE's pooling lowerings wanted a batch dim (found by the fuzzer).
     assert_matches_eager(pool, torch.randn(shape), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("shape, kwargs", [
+    ((4, 4, 3), {"kernel_size": 2}),  # the last element in no window (the fuzzer, CI seed)
+    ((2, 3), {"kernel_size": 2}),  # unbatched
+    ((2, 3, 7), {"kernel_size": 3, "stride": 2, "padding": 1}),
+    ((2, 3, 7), {"kernel_size": 3, "stride": 2, "ceil_mode": True, "count_include_pad": False}),
+])
+def test_ragged_average_pooling_matches_eager(shape, kwargs):
+    # IREE's lowering of avg_pool2d failed to verify where the windows do not tile a dim
+    # ("inferred input/output operand #1 has shape's dimension ..."): avg_pool1d and 2d.
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    for fn in (lambda t: F.avg_pool1d(t, **kwargs), lambda t: F.avg_pool2d(torch.stack([t, t * 2], -2), **kwargs)):
+        assert_matches_eager(fn, x, options={"fallback": "error"})
+        assert_matches_eager(fn, x.half(), options={"fallback": "error"}, rtol=2e-3, atol=2e-3)

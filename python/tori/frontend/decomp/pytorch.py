@@ -76,12 +76,30 @@ def _max_pool_with_indices(op, x, kernel_size, stride=(), padding=0, dilation=1,
 
 
 @register_decomposition(aten.avg_pool2d.default)
-def _unbatched_avg_pool2d(op, x, *args):
+def _unbatched_or_ragged_avg_pool2d(op, x, kernel_size, stride=(), padding=0, ceil_mode=False,
+                                    count_include_pad=True, divisor_override=None):
     """avg_pool2d of an unbatched (C, H, W) input (avg_pool1d of (C, L) lands here) with a
-    batch of one: IREE's linalg.pooling_nchw_sum failed to verify on the 3-D form."""
-    if x.dim() != 3:
+    batch of one: IREE's linalg.pooling_nchw_sum failed to verify on the 3-D form. And
+    windows that do not tile a dim exactly (length 3, kernel 2: the last element left
+    out; or ceil_mode), which IREE's lowering fails on as avg_pool3d's: avg_pool3d's
+    form over a depth of one (avg_pool.py)."""
+    args = (kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override)
+    if x.dim() == 3:
+        return aten.avg_pool2d.default(x.unsqueeze(0), *args).squeeze(0)
+    pair = lambda v: [v] * 2 if isinstance(v, int) else list(v) * (2 if len(v) == 1 else 1)  # noqa: E731
+    kernel, pads = pair(kernel_size), pair(padding)
+    steps = pair(stride) if stride else kernel
+    sizes = x.shape[-2:]
+    if any(isinstance(n, torch.SymInt) for n in sizes):
         return NotImplemented
-    return aten.avg_pool2d.default(x.unsqueeze(0), *args).squeeze(0)
+    ragged = ceil_mode or any((n + 2 * p - k) % s for n, k, s, p in zip(sizes, kernel, steps, pads))
+    if not ragged:
+        return NotImplemented
+    from tori.frontend.decomp.avg_pool import avg_pool3d
+
+    pooled = avg_pool3d(aten.avg_pool3d.default, x.unsqueeze(-3), [1, *kernel], [1, *steps], [0, *pads], ceil_mode,
+                        count_include_pad, divisor_override)
+    return NotImplemented if pooled is NotImplemented else pooled.squeeze(-3)
 
 
 def window_extent(size: int, kernel: int, stride: int, pad: int, dilation: int, ceil_mode: bool) -> int:
