@@ -103,3 +103,17 @@ def test_the_training_step_whose_compile_never_ended_compiles_and_its_gradients_
     assert count.compiled_graphs == 2 and count.fallback_graphs == 0  # forward and backward
     torch.testing.assert_close(actual, expected)
     torch.testing.assert_close(grad_actual, grad_expected)
+
+
+def test_moments_of_no_element_are_nan_with_dynamic_shapes_too():
+    # From `make fuzz` (dynamic, seed 3): var of a [s0, 0] tensor was -0.0 (eager NaN).
+    fn = lambda x: (torch.var(x), x.std(1, keepdim=True), torch.var_mean(x, 1), x.var(0), torch.std_mean(x))  # noqa: E731
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="tori", dynamic=True, options={"fallback": "error"})
+    for shape in [(2, 0), (7, 0)]:
+        x = torch.zeros(shape)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            actual, expected = compiled(x), fn(x)
+        for a, e in zip(torch.utils._pytree.tree_leaves(actual), torch.utils._pytree.tree_leaves(expected)):
+            torch.testing.assert_close(a, e, equal_nan=True)

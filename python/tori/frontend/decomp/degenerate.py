@@ -13,8 +13,10 @@ The ops that select elements and return their indices (max and min along a dim,
 sort, topk, kthvalue, median, mode, cummax, cummin) are, along a dim of one
 element, that element and index 0: traced so, they never reach IREE's forms of
 them, whose index constants on one element failed to compile or read out of bounds
-(a min along a dim of size 1 next to a topk of one element). Empty inputs compile as
-they are (tests/test_degenerate_shapes.py checks every op here on each such shape).
+(a min along a dim of size 1 next to a topk of one element). The variance, standard
+deviation and their means over no element are NaN (with dynamic shapes, Torch-MLIR's
+var of an empty tensor was -0.0). Other empty inputs compile as they are
+(tests/test_degenerate_shapes.py checks every op here on each such shape).
 """
 
 from __future__ import annotations
@@ -73,6 +75,24 @@ def _one_element_selection(op, x: torch.Tensor, args: tuple, kwargs: dict):
     return values, torch.zeros(values.shape, dtype=torch.int64, device=x.device)
 
 
+_MOMENTS = {aten.var.correction: 1, aten.std.correction: 1, aten.var_mean.correction: 2,
+            aten.std_mean.correction: 2}
+
+
+def _moments_of_nothing(op, x: torch.Tensor, args: tuple, kwargs: dict):
+    """var, std and their means over no element: NaN, as eager gives (Torch-MLIR's
+    lowering of var over an empty dynamic-shape tensor gave -0.0); None otherwise."""
+    bound = _bound(op, (x, *args), kwargs)
+    dims = bound.get("dim")
+    dims = list(range(x.dim())) if dims is None or len(dims) == 0 else [d % x.dim() for d in dims]
+    if not any(isinstance(x.shape[d], int) and x.shape[d] == 0 for d in dims):
+        return None
+    keepdim = bound.get("keepdim", False)
+    shape = [1 if d in dims else n for d, n in enumerate(x.shape) if keepdim or d not in dims]
+    nan = torch.full(shape, float("nan"), dtype=x.dtype, device=x.device)
+    return nan if _MOMENTS[op] == 1 else (nan, nan.clone())
+
+
 def on_vector(op: torch._ops.OpOverload, inner: Callable | None) -> Callable:
     """The table entry for `op`: on the 1-element view of a 0-d first operand, a
     selection along a dim of one element as that element, else `inner` (the entry it
@@ -88,6 +108,10 @@ def on_vector(op: torch._ops.OpOverload, inner: Callable | None) -> Callable:
             selected = _one_element_selection(op, x, args, kwargs)
             if selected is not None:
                 return selected
+        if op in _MOMENTS and isinstance(x, torch.Tensor) and x.dim() > 0 and x.dtype.is_floating_point:
+            moments = _moments_of_nothing(op, x, args, kwargs)
+            if moments is not None:
+                return moments
         return inner(x, *args, **kwargs) if inner is not None else NotImplemented
 
     return decompose
