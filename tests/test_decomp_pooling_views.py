@@ -132,3 +132,16 @@ def test_ragged_average_pooling_matches_eager(shape, kwargs):
     for fn in (lambda t: F.avg_pool1d(t, **kwargs), lambda t: F.avg_pool2d(torch.stack([t, t * 2], -2), **kwargs)):
         assert_matches_eager(fn, x, options={"fallback": "error"})
         assert_matches_eager(fn, x.half(), options={"fallback": "error"}, rtol=2e-3, atol=2e-3)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_max_pooling_of_an_empty_batch(dynamic):
+    # PyTorch's decomposition of max_pool's indices reshapes the input with a -1, which
+    # no size resolves for no element (the dynamic-shape fuzzer).
+    fn = lambda t: F.max_pool1d(t, 3, stride=2, padding=1, return_indices=True)  # noqa: E731
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="tori", dynamic=dynamic, options={"fallback": "error"})
+    for shape in [(0, 3, 7), (0, 4, 7), (2, 4, 7)]:
+        x = torch.randn(shape)
+        for a, e in zip(compiled(x), fn(x)):
+            assert a.shape == e.shape and a.dtype == e.dtype and torch.equal(a, e)

@@ -33,5 +33,10 @@ def view_through_flat(op, x, size):
     # A view of a transposed tensor that keeps its dims apart has no flat form: its
     # values in order first (contiguous() of a contiguous tensor is the tensor itself).
     # The -1 resolved here: Torch-MLIR's own resolution of it in a view of a dynamic
-    # 1-D tensor gave a negative size.
-    return op(op(x.contiguous(), [-1]), list(infer_size(size, x.numel())))
+    # 1-D tensor gave a negative size. A -1 that no size resolves (no element) is left
+    # to the op's own handling.
+    try:
+        sizes = list(infer_size(size, x.numel()))
+    except RuntimeError:
+        return NotImplemented
+    return op(op(x.contiguous(), [-1]), sizes)

@@ -55,6 +55,13 @@ def _max_pool_with_indices(op, x, kernel_size, stride=(), padding=0, dilation=1,
     kernel = each(kernel_size, 1)
     steps = [k if s is None else s for k, s in zip(kernel, each(stride, None))]  # no stride: the kernel's
     pads, dilations = each(padding, 0), each(dilation, 1)
+    if any(isinstance(n, int) and n == 0 for n in x.shape):
+        # No element (an empty batch): empty values and indices of the output's shape.
+        # PyTorch's decomposition reshapes the empty input with a -1 and raises.
+        out = [(window_extent(n, k, s, p, d, ceil_mode) - d * (k - 1) - 1) // s + 1
+               for n, k, s, p, d in zip(sizes, kernel, steps, pads, dilations)]
+        shape = [*x.shape[:-spatial], *out]
+        return x.new_empty(shape), torch.empty(shape, dtype=torch.int64, device=x.device)
     with unchecked():  # the decomposition's window indices are in range by construction
         indices = decomposed(x, kernel_size, stride, padding, dilation, ceil_mode)
         if not all(isinstance(n, int) for n in sizes) or x.numel() == 0:
