@@ -161,10 +161,11 @@ def test_integer_negation_and_division_are_exact_for_every_int64():
 
 def test_float_floor_division_and_fmod_have_eager_special_values():
     # From the gradient fuzzer (remainder's backward floor-divides): inf // 3 was inf
-    # (eager NaN, Python's semantics), -5 // inf was -0.0 (eager -1), fmod(5, inf) NaN (eager 5).
+    # (eager NaN, Python's semantics), -5 // inf was -0.0 (eager -1), fmod(5, inf) NaN (eager 5),
+    # fmod(-3e38, -3e38) +0.0 (eager -0.0: a zero remainder has the dividend's sign).
     inf, nan = float("inf"), float("nan")
-    x = torch.tensor([inf, -inf, 5.0, -5.0, inf, 7.5, -0.0, 3.0, -3.0, 0.0, -7.0, 2.5, nan, 4.0])
-    y = torch.tensor([1e-30, 2.0, inf, inf, inf, -2.0, 1.0, 0.0, 0.0, 0.0, 2.0, -0.5, 1.0, nan])
+    x = torch.tensor([inf, -inf, 5.0, -5.0, inf, 7.5, -0.0, 3.0, -3.0, 0.0, -7.0, 2.5, nan, 4.0, -3e38, -6.0])
+    y = torch.tensor([1e-30, 2.0, inf, inf, inf, -2.0, 1.0, 0.0, 0.0, 0.0, 2.0, -0.5, 1.0, nan, -3e38, 3.0])
     fn = lambda x, y: (x // y, torch.div(x, y, rounding_mode="floor"), x.half() // y.half(),  # noqa: E731
                        torch.fmod(x, y), x // 2.5)
     torch._dynamo.reset()

@@ -63,8 +63,11 @@ def _floor_quotient(x, y):
 
 
 def _float_fmod(a, b):
-    """C's fmod: a finite number modulo an infinite one is that number (IREE's is NaN)."""
-    return torch.where(torch.isinf(b) & torch.isfinite(a), a, as_is(aten.fmod.Tensor, a, b))
+    """C's fmod: a finite number modulo an infinite one is that number (IREE's is NaN),
+    and a zero result has the dividend's sign (IREE's fmod(-3e38, -3e38) was +0.0, so
+    rsqrt of it inf where eager's is -inf; the dynamic-shape fuzzer)."""
+    remainder = torch.where(torch.isinf(b) & torch.isfinite(a), a, as_is(aten.fmod.Tensor, a, b))
+    return torch.where(remainder == 0, torch.copysign(remainder, a), remainder)
 
 
 def _float_floor_quotient(a, b):
