@@ -1,6 +1,7 @@
-"""Grouped and depthwise convolutions as taps of the padded input
-(tori/frontend/decomp/grouped_conv.py), compiled and compared with eager: strides,
-padding, dilation, channel multipliers, batches, float16, and gradients."""
+"""Grouped convolutions as taps of the padded input (tori/frontend/decomp/grouped_conv.py)
+and float32 depthwise ones in channels-last form (tori/passes/depthwise_nhwc.py),
+compiled and compared with eager: strides, padding, dilation, channel multipliers,
+batches, float16, and gradients."""
 
 import pytest
 import torch
@@ -22,14 +23,17 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_grouped_convolution_matches_eager(case):
+def test_grouped_convolution_matches_eager(case, tmp_path):
     cin, cout, kernel, stride, padding, dilation, groups, bias, batch, size = CASES[case]
     conv = torch.nn.Conv2d(cin, cout, kernel, stride, padding, dilation, groups, bias).eval()
     x = torch.randn(batch, cin, size, size + 1)
     with torch.no_grad():
-        assert_matches_eager(conv, x, rtol=1e-4, atol=1e-5)
+        assert_matches_eager(conv, x, options={"dump_dir": str(tmp_path)}, rtol=1e-4, atol=1e-5)
     graph = tori.last_compile().graphs[0]
-    assert "aten.convolution" not in graph.stages["aten"]  # decomposed: no grouped convolution left
+    depthwise = cin == cout == groups
+    # Depthwise: one convolution, IREE's input calls its channels-last function; others decomposed.
+    assert ("aten.convolution" in graph.stages["aten"]) == depthwise
+    assert ("call @tori_depthwise_" in graph.iree_input) == depthwise
 
 
 def test_grouped_convolution_float16_and_gradients():

@@ -307,7 +307,8 @@ def profile_command(model: str, calls: int, json_path: Path | None, trace: Path 
         json_path.write_text(json.dumps(result.to_json(), indent=1))
     table = Table(title=f"tori profile {model}: {result.wall_us_per_call:.0f} us per call "
                         f"({result.dispatch_us_per_call:.0f} us in {len(result.dispatches)} dispatches); "
-                        f"fp32 GEMM peak {result.peak_gflops:.0f} GFLOP/s", title_justify="left")
+                        f"fp32 GEMM peak {result.peak_gflops:.0f} GFLOP/s (torch.mm {result.torch_gemm_gflops:.0f}, "
+                        f"IREE {result.iree_gemm_gflops:.0f})", title_justify="left")
     for column, justify in (("dispatch", "left"), ("us/call", "right"), ("share", "right"),
                             ("GFLOP/s (of peak)", "right"), ("torch ops", "left"), ("source", "left")):
         table.add_column(column, justify=justify)

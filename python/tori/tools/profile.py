@@ -66,11 +66,13 @@ class DispatchTime:
 class Profile:
     wall_us_per_call: float
     dispatch_us_per_call: float
-    peak_gflops: float
+    peak_gflops: float  # the higher of torch.mm's and IREE's fp32 GEMM rates (gemm_rate)
     calls: int
     graphs: list[str]
     dispatches: list[DispatchTime] = field(default_factory=list)
     trace: str | None = None
+    torch_gemm_gflops: float | None = None  # the two rates behind peak_gflops
+    iree_gemm_gflops: float | None = None
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -96,20 +98,60 @@ def _tool(name: str) -> str:
     return str(Path(iree._runtime_libs.__file__).parent / name)
 
 
-@lru_cache(maxsize=None)
-def gemm_peak_gflops(size: int = 1024) -> float:
-    """The fp32 GEMM rate of this machine: PyTorch's torch.mm of two size x size
-    matrices on its default threads, the best of several runs."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
+@dataclass(frozen=True)
+class GemmRate:
+    """The machine's fp32 GEMM rate, measured two ways on its default threads: PyTorch's
+    `torch.mm` (its BLAS: MKL's AVX2 path on AMD CPUs, far below the FMA units' rate) and
+    IREE's data-tiled matmul compiled by tori for this CPU. The peak is the higher."""
+
+    torch_gflops: float
+    iree_gflops: float
+
+    @property
+    def peak(self) -> float:
+        return max(self.torch_gflops, self.iree_gflops)
+
+
+def _best_gflops(fn: Callable, flop: float, rounds: int = 5, per_round: int = 4) -> float:
     for _ in range(3):
-        a @ b
+        fn()
     best = math.inf
-    for _ in range(5):
+    for _ in range(rounds):
         start = time.perf_counter()
-        for _ in range(4):
-            a @ b
-        best = min(best, (time.perf_counter() - start) / 4)
-    return 2 * size ** 3 / best / 1e9
+        for _ in range(per_round):
+            fn()
+        best = min(best, (time.perf_counter() - start) / per_round)
+    return flop / best / 1e9
+
+
+def _matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return a @ b
+
+
+@lru_cache(maxsize=None)
+def gemm_rate(size: int = 1024) -> GemmRate:
+    """The fp32 GEMM rate of two size x size matrices: the best of several runs of
+    torch.mm and of the same matmul compiled by tori (inference, fallback='error')."""
+    a, b = torch.randn(size, size), torch.randn(size, size)
+    flop = 2.0 * size ** 3
+    eager = _best_gflops(lambda: a @ b, flop)
+    compiled = torch.compile(_matmul, backend="tori", options={"fallback": "error", "driver": "local-task"})
+    with torch.no_grad():
+        iree = _best_gflops(lambda: compiled(a, b), flop)
+    return GemmRate(eager, iree)
+
+
+def gemm_peak_gflops(size: int = 1024) -> float:
+    """The higher of the two fp32 GEMM rates (gemm_rate)."""
+    return gemm_rate(size).peak
+
+
+@lru_cache(maxsize=None)
+def memory_read_gbps(megabytes: int = 256) -> float:
+    """The rate at which this machine's default threads read memory: torch's sum of
+    a float32 tensor far larger than the caches, the best of several runs."""
+    x = torch.randn(megabytes * 2 ** 18)
+    return _best_gflops(x.sum, x.numel() * 4.0, rounds=5, per_round=1)
 
 
 def contraction_gflop(name: str) -> float | None:
@@ -289,7 +331,8 @@ def profile(fn: Callable, *inputs: Any, calls: int = 20, options: dict | None = 
     for _ in range(calls):
         compiled(*inputs)
     wall_us = (time.perf_counter() - start) / calls * 1e6
-    peak = gemm_peak_gflops()
+    gemm = gemm_rate()
+    peak = gemm.peak
     times: list[tuple[str, str, float, int]] = []
     located: dict[str, DispatchSource] = {}
     outputs = []
@@ -315,4 +358,4 @@ def profile(fn: Callable, *inputs: Any, calls: int = 20, options: dict | None = 
                                        ns / total, rate,
                                        rate / peak if rate is not None else None))
     return Profile(wall_us, total / calls / 1e3, peak, calls, [g.name for g in graphs], dispatches,
-                   str(trace) if trace is not None else None)
+                   str(trace) if trace is not None else None, gemm.torch_gflops, gemm.iree_gflops)

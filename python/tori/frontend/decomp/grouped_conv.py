@@ -2,14 +2,17 @@
 of their windows, and 1-D ones whose strided windows leave the input's last elements
 out cut to what the windows read (their lowering failed to verify).
 
-Grouped and depthwise 2-D convolutions as the taps of their windows: IREE's CPU
-lowering of `linalg.conv_2d_ngchw_gfchw` and `depthwise_conv_2d_nchw_chw` ran 20-50x
-behind eager (a RegNet grouped 3x3 at 192 channels 19.9 ms, eager 0.37; a ConvNeXt
+Grouped 2-D convolutions as the taps of their windows: IREE's CPU lowering of
+`linalg.conv_2d_ngchw_gfchw` and `depthwise_conv_2d_nchw_chw` ran 20-50x behind
+eager (a RegNet grouped 3x3 at 192 channels 19.9 ms, eager 0.37; a ConvNeXt
 depthwise 7x7 2.28 ms, eager 0.10; docs/performance.md).
 
-Each of the kernel's kh*kw taps is a strided view of the padded input. A depthwise
-convolution (one input channel per group) multiplies each tap by its weight column
-and sums, which IREE fuses into one elementwise dispatch (0.61 ms for the 7x7); a
+A float32 depthwise convolution (one input channel per group) stays one op:
+tori-depthwise-nhwc gives it IREE's channels-last depthwise kernel, faster than its
+taps (0.11 ms for a 7x7 over 384 channels at 14x14, eager 0.27) at a fraction of
+their compile time. Each of the kernel's kh*kw taps is a strided view of the padded
+input. A 16-bit depthwise convolution multiplies each tap by its weight column and
+sums, which IREE fuses into one elementwise dispatch (0.61 ms for the 7x7); a
 grouped one stacks the taps into im2col columns per group and multiplies them by the
 group's weights in one batched matmul (1.1 ms for the 3x3).
 """
@@ -74,9 +77,11 @@ def grouped_conv2d(op, x, weight, bias, stride, padding, dilation, transposed, o
     if len(stride) != 2 or len(padding) != 2 or len(dilation) != 2:
         return NotImplemented
     out_channels, per_group, kh, kw = weight.shape
+    if per_group == 1 and out_channels == groups and x.dtype == torch.float32:
+        return NotImplemented  # IREE's NHWC depthwise kernel (passes/depthwise_nhwc.py)
     taps, out_h, out_w = _taps(x, (kh, kw), stride, padding, dilation)
     batch = x.shape[0]
-    if per_group == 1 and out_channels == groups:  # depthwise
+    if per_group == 1 and out_channels == groups:  # depthwise, 16-bit floats (computed in float32)
         columns = weight.reshape(out_channels, kh * kw)
         out = None
         for index, tap in enumerate(taps):

@@ -1,0 +1,240 @@
+"""tori-depthwise-nhwc: a depthwise 2-D convolution reaches IREE in channels-last form,
+a `linalg.generic` over [N, OH, OW, C] x [KH, KW] between two transposes.
+
+IREE lowers `torch.aten.convolution` with one input channel per group in NCHW to a
+generic whose innermost loop runs along the image: a 7x7 over 384 channels at 14x14
+took 2.08 ms that way, 0.099 ms in this form with its transposes, eager 0.27 ms
+(docs/performance.md). It is a generic rather than IREE's named
+`depthwise_conv_2d_nhwc_hwc` because the img2col preprocessing that tori's
+convolution rule asks for turns the named op into a batched matvec over a
+materialized im2col buffer (5.96 ms). IREE hoists the weight's transpose into the
+initializer where the weight is a resident global, and cancels the activation's
+transposes against those of its channels-last neighbours.
+
+Rewrites: `torch.aten.convolution` of a static [N, C, H, W] float32 input and a
+[C, 1, KH, KW] weight with groups = C, not transposed, constant strides, padding
+and dilations (a bias of [C] or none), into a call of a private function of builtin
+tensors (one per distinct form) that transposes the input to NHWC, pads it, runs
+the channels-last convolution, adds the bias and transposes back; `torch_c` casts around the call.
+The compile runs this pass before IREE whatever the pipeline (`lower_for_iree`).
+
+Never changes: grouped convolutions with more than one channel per group, channel
+multipliers (C_out != C), transposed, dynamic-shape or non-float32 convolutions,
+and every other op.
+
+Example:
+    %4 = torch.aten.convolution %x, %w, %none, [1,1], [3,3], [1,1], %false, [0,0], %int384
+           : !torch.vtensor<[1,384,14,14],f32>, !torch.vtensor<[384,1,7,7],f32>, ... -> !torch.vtensor<[1,384,14,14],f32>
+becomes
+    %0 = "torch_c.to_builtin_tensor"(%x) : (...) -> tensor<1x384x14x14xf32>
+    %1 = "torch_c.to_builtin_tensor"(%w) : (...) -> tensor<384x1x7x7xf32>
+    %2 = func.call @tori_depthwise_1x384x14x14_7x7_s1x1_p3x3_d1x1_f32(%0, %1) : ... -> tensor<1x384x14x14xf32>
+    %4 = "torch_c.from_builtin_tensor"(%2) : (tensor<1x384x14x14xf32>) -> !torch.vtensor<[1,384,14,14],f32>
+    func.func private @tori_depthwise_1x384x14x14_7x7_s1x1_p3x3_d1x1_f32(...) {
+      (transpose to NHWC, pad, the convolution as a linalg.generic, transpose back)
+    }
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from torch_mlir import ir
+
+from tori.passes.registry import register_pass
+
+PASS_NAME = "tori-depthwise-nhwc"
+
+_VTENSOR = re.compile(r"^!torch\.vtensor<\[([0-9,]+)\],f32>$")
+
+
+def _shape(value: ir.Value) -> list[int] | None:
+    match = _VTENSOR.match(str(value.type))
+    return [int(d) for d in match.group(1).split(",")] if match else None
+
+
+def _constant(value: ir.Value, kind: str):
+    """The value of a `torch.constant.<kind>` (int or bool), else None."""
+    owner = value.owner
+    if not isinstance(owner, ir.Operation) and hasattr(owner, "operation"):
+        owner = owner.operation
+    if not isinstance(owner, ir.Operation) or owner.name != f"torch.constant.{kind}":
+        return None
+    attribute = owner.attributes["value"]
+    return bool(ir.BoolAttr(attribute).value) if kind == "bool" else ir.IntegerAttr(attribute).value
+
+
+def _int_pair(value: ir.Value) -> tuple[int, int] | None:
+    owner = value.owner
+    owner = getattr(owner, "operation", owner)
+    if not isinstance(owner, ir.Operation) or owner.name != "torch.prim.ListConstruct" or len(owner.operands) != 2:
+        return None
+    pair = tuple(_constant(v, "int") for v in owner.operands)
+    return pair if None not in pair else None
+
+
+def _is_none(value: ir.Value) -> bool:
+    owner = getattr(value.owner, "operation", value.owner)
+    return isinstance(owner, ir.Operation) and owner.name == "torch.constant.none"
+
+
+@dataclass(frozen=True)
+class Depthwise:
+    """One form of depthwise convolution: the function name and body depend only on it."""
+
+    input: tuple[int, int, int, int]   # N, C, H, W
+    kernel: tuple[int, int]
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    output: tuple[int, int, int, int]
+    bias: bool
+
+    @property
+    def name(self) -> str:
+        def dims(values) -> str:
+            return "x".join(map(str, values))
+
+        return (f"tori_depthwise_{dims(self.input)}_{dims(self.kernel)}_s{dims(self.stride)}"
+                f"_p{dims(self.padding)}_d{dims(self.dilation)}{'_bias' if self.bias else ''}_f32")
+
+    def _input_map(self) -> str:
+        (sh, sw), (dh, dw) = self.stride, self.dilation
+        return f"affine_map<(n, h, w, c, kh, kw) -> (n, h * {sh} + kh * {dh}, w * {sw} + kw * {dw}, c)>"
+
+    def function(self) -> str:
+        """The private function's MLIR text."""
+        n, c, h, w = self.input
+        kh, kw = self.kernel
+        ph, pw = self.padding
+        _, _, oh, ow = self.output
+
+        def t(*dims: int) -> str:
+            return f"tensor<{'x'.join(map(str, dims))}xf32>"
+
+        bias_arg = f", %b: {t(c)}" if self.bias else ""
+        lines = [
+            f"func.func private @{self.name}(%x: {t(n, c, h, w)}, %w: {t(c, 1, kh, kw)}{bias_arg}) -> {t(n, c, oh, ow)} {{",
+            "  %zero = arith.constant 0.0 : f32",
+            f"  %xt0 = tensor.empty() : {t(n, h, w, c)}",
+            f"  %xt = linalg.transpose ins(%x : {t(n, c, h, w)}) outs(%xt0 : {t(n, h, w, c)}) permutation = [0, 2, 3, 1]",
+        ]
+        padded = (n, h + 2 * ph, w + 2 * pw, c)
+        source = "%xt"
+        if ph or pw:
+            source = "%xp"
+            lines += [
+                f"  %xp = tensor.pad %xt low[0, {ph}, {pw}, 0] high[0, {ph}, {pw}, 0] {{",
+                "  ^bb0(%i0: index, %i1: index, %i2: index, %i3: index):",
+                "    tensor.yield %zero : f32",
+                f"  }} : {t(n, h, w, c)} to {t(*padded)}",
+            ]
+        lines += [
+            f"  %wc = tensor.collapse_shape %w [[0, 1], [2], [3]] : {t(c, 1, kh, kw)} into {t(c, kh, kw)}",
+            f"  %wt0 = tensor.empty() : {t(kh, kw, c)}",
+            f"  %wt = linalg.transpose ins(%wc : {t(c, kh, kw)}) outs(%wt0 : {t(kh, kw, c)}) permutation = [1, 2, 0]",
+            f"  %o0 = tensor.empty() : {t(n, oh, ow, c)}",
+            f"  %of = linalg.fill ins(%zero : f32) outs(%o0 : {t(n, oh, ow, c)}) -> {t(n, oh, ow, c)}",
+            f"  %o = linalg.generic {{indexing_maps = [{self._input_map()}, "
+            "affine_map<(n, h, w, c, kh, kw) -> (kh, kw, c)>, affine_map<(n, h, w, c, kh, kw) -> (n, h, w, c)>], "
+            "iterator_types = [\"parallel\", \"parallel\", \"parallel\", \"parallel\", \"reduction\", \"reduction\"]} "
+            f"ins({source}, %wt : {t(*padded)}, {t(kh, kw, c)}) outs(%of : {t(n, oh, ow, c)}) {{",
+            "  ^bb0(%in: f32, %k: f32, %acc: f32):",
+            "    %m = arith.mulf %in, %k : f32",
+            "    %s = arith.addf %acc, %m : f32",
+            "    linalg.yield %s : f32",
+            f"  }} -> {t(n, oh, ow, c)}",
+        ]
+        result = "%o"
+        if self.bias:
+            identity = "affine_map<(d0, d1, d2, d3) -> (d0, d1, d2, d3)>"
+            lines += [
+                f"  %ob = linalg.generic {{indexing_maps = [{identity}, affine_map<(d0, d1, d2, d3) -> (d3)>, {identity}], "
+                f"iterator_types = [\"parallel\", \"parallel\", \"parallel\", \"parallel\"]}} "
+                f"ins(%o, %b : {t(n, oh, ow, c)}, {t(c)}) outs(%o0 : {t(n, oh, ow, c)}) {{",
+                "  ^bb0(%a: f32, %bc: f32, %out: f32):",
+                "    %s = arith.addf %a, %bc : f32",
+                "    linalg.yield %s : f32",
+                f"  }} -> {t(n, oh, ow, c)}",
+            ]
+            result = "%ob"
+        lines += [
+            f"  %r0 = tensor.empty() : {t(n, c, oh, ow)}",
+            f"  %r = linalg.transpose ins({result} : {t(n, oh, ow, c)}) outs(%r0 : {t(n, c, oh, ow)}) permutation = [0, 3, 1, 2]",
+            f"  return %r : {t(n, c, oh, ow)}",
+            "}",
+        ]
+        return "\n".join(lines)
+
+
+def depthwise_form(op: ir.Operation) -> Depthwise | None:
+    """The form of a `torch.aten.convolution` this pass rewrites, else None."""
+    if op.name != "torch.aten.convolution" or len(op.operands) != 9:
+        return None
+    x, weight, bias, stride, padding, dilation, transposed, _, groups = op.operands
+    shape, kernel, out = _shape(x), _shape(weight), _shape(op.results[0])
+    if shape is None or kernel is None or out is None or len(shape) != 4 or len(kernel) != 4 or len(out) != 4:
+        return None
+    channels = shape[1]
+    if kernel[:2] != [channels, 1] or _constant(groups, "int") != channels or out[1] != channels:
+        return None
+    if _constant(transposed, "bool") is not False:
+        return None
+    pairs = [_int_pair(v) for v in (stride, padding, dilation)]
+    if None in pairs or min(pairs[1]) < 0 or min(pairs[0] + pairs[2]) < 1:
+        return None
+    if not _is_none(bias) and _shape(bias) != [channels]:
+        return None
+    return Depthwise(tuple(shape), tuple(kernel[2:]), *pairs, tuple(out), bias=not _is_none(bias))
+
+
+def _convolutions(op: ir.Operation) -> list[ir.Operation]:
+    found = []
+    for region in op.regions:
+        for block in region.blocks:
+            for child in block.operations:
+                child = child.operation
+                if child.name == "torch.aten.convolution":
+                    found.append(child)
+                found.extend(_convolutions(child))
+    return found
+
+
+def _builtin(value: ir.Value) -> ir.Value:
+    shape = _shape(value)
+    return ir.Operation.create("torch_c.to_builtin_tensor", operands=[value],
+                               results=[ir.RankedTensorType.get(shape, ir.F32Type.get())]).results[0]
+
+
+@register_pass(PASS_NAME)
+def depthwise_nhwc(op: ir.Operation, pass_: object) -> None:
+    """Rewrite each depthwise convolution into a call of its NHWC function."""
+    module = op
+    # torch_c (Torch-MLIR's TorchConversion dialect) has no Python registration: its
+    # casts are made in generic form, which IREE's parser reads as its own ops.
+    module.context.allow_unregistered_dialects = True
+    defined = {str(o.operation.attributes["sym_name"]).strip('"') for o in module.regions[0].blocks[0].operations
+               if "sym_name" in o.operation.attributes}
+    for conv in _convolutions(module):
+        form = depthwise_form(conv)
+        if form is None:
+            continue
+        if form.name not in defined:
+            parsed = ir.Module.parse(form.function())
+            function = parsed.body.operations[0].operation
+            function.detach_from_parent()
+            module.regions[0].blocks[0].append(function)
+            defined.add(form.name)
+        result = conv.results[0]
+        with ir.InsertionPoint(conv), conv.location:
+            operands = [_builtin(conv.operands[0]), _builtin(conv.operands[1])]
+            if form.bias:
+                operands.append(_builtin(conv.operands[2]))
+            out = ir.RankedTensorType.get(list(form.output), ir.F32Type.get())
+            call = ir.Operation.create("func.call", operands=operands, results=[out],
+                                       attributes={"callee": ir.FlatSymbolRefAttr.get(form.name)})
+            back = ir.Operation.create("torch_c.from_builtin_tensor", operands=[call.results[0]],
+                                       results=[result.type])
+        result.replace_all_uses_with(back.results[0])
+        conv.erase()
