@@ -125,9 +125,14 @@ def measure_decode(seconds: float, tori_options: dict, inductor: bool, new_token
     if not identical:
         raise RuntimeError("decoded tokens differ from eager's")
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    # Decoding reads every weight once per token: its limit is the machine's memory rate.
+    from tori.tools.profile import memory_read_gbps
+
+    memory = memory_read_gbps()
     return {"model": "llama_decode", "batch": 1, "median_ms": per_token, "first_call_s": first_s,
             "tokens_identical": identical, "weights_mb": weights / 1e6,
-            "gb_per_s_tori": weights / (per_token["tori"] * 1e-3) / 1e9,
+            "gb_per_s_tori": weights / (per_token["tori"] * 1e-3) / 1e9, "memory_read_gb_per_s": memory,
+            "memory_fraction_tori": weights / (per_token["tori"] * 1e-3) / 1e9 / memory,
             "speedup_vs_eager": per_token["eager"] / per_token["tori"],
             "speedup_vs_inductor": per_token["inductor"] / per_token["tori"] if inductor else None}
 

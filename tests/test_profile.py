@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from torch import nn
 
 from tori.cli import main
-from tori.tools.profile import ProfileError, contraction_gflop, dispatch_ops, profile
+from tori.tools.profile import ProfileError, contraction_gflop, dispatch_ops, memory_read_gbps, profile
 
 MODEL_FILE = '''
 import torch
@@ -58,6 +58,11 @@ def test_profile_times_each_dispatch_and_names_its_ops():
     # IREE names the pooling dispatch `conv`; it is not rated as one.
     pool = next(d for d in result.dispatches if "aten.max_pool2d_with_indices.default" in d.ops and "_conv_" in d.name)
     assert pool.gflops is None
+
+
+def test_memory_rate_is_measured():
+    # A 256 MB float32 sum: far beyond the caches, so a rate of main memory (GB/s).
+    assert 0.5 < memory_read_gbps() < 2000
 
 
 def test_contraction_work_comes_from_the_dispatch_name():
