@@ -134,16 +134,11 @@ def gemm_rate(size: int = 1024) -> GemmRate:
     torch.mm and of the same matmul compiled by tori (inference, fallback='error')."""
     a, b = torch.randn(size, size), torch.randn(size, size)
     flop = 2.0 * size ** 3
-    eager = _best_gflops(lambda: a @ b, flop)
+    eager = _best_gflops(lambda: _matmul(a, b), flop)
     compiled = torch.compile(_matmul, backend="tori", options={"fallback": "error", "driver": "local-task"})
     with torch.no_grad():
         iree = _best_gflops(lambda: compiled(a, b), flop)
     return GemmRate(eager, iree)
-
-
-def gemm_peak_gflops(size: int = 1024) -> float:
-    """The higher of the two fp32 GEMM rates (gemm_rate)."""
-    return gemm_rate(size).peak
 
 
 @lru_cache(maxsize=None)
