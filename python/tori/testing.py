@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -140,6 +141,35 @@ _TORCHVISION_SCHEMAS = (
     "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
 )
 _torchvision_library = None
+
+
+def quantize_pt2e(model: torch.nn.Module, *inputs: Any, dynamic: bool = False, per_channel: bool = True,
+                  calibration: int = 4) -> torch.fx.GraphModule:
+    """`model` quantized to int8 with PyTorch 2 export quantization (torchao's
+    `prepare_pt2e` / `convert_pt2e` and `X86InductorQuantizer`): weights int8 (per
+    channel or per tensor), activations uint8 per tensor, static (calibrated on
+    `inputs` and `calibration` random batches of their shapes) or dynamic."""
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
+        X86InductorQuantizer, get_default_x86_inductor_quantization_config)
+
+    config = get_default_x86_inductor_quantization_config(is_dynamic=dynamic)
+    if not per_channel:
+        from torchao.quantization.pt2e.observer import MinMaxObserver
+        from torchao.quantization.pt2e.quantizer import QuantizationSpec
+
+        config = dataclasses.replace(config, weight=QuantizationSpec(
+            dtype=torch.int8, quant_min=-128, quant_max=127, qscheme=torch.per_tensor_symmetric, is_dynamic=False,
+            observer_or_fake_quant_ctr=MinMaxObserver.with_args(eps=2**-12)))
+    exported = torch.export.export(model.eval(), tuple(inputs)).module()
+    quantizer = X86InductorQuantizer()
+    quantizer.set_global(config)
+    prepared = prepare_pt2e(exported, quantizer)
+    with torch.no_grad():
+        prepared(*inputs)
+        for _ in range(calibration):
+            prepared(*(torch.randn_like(x) if x.is_floating_point() else x for x in inputs))
+    return convert_pt2e(prepared)
 
 
 def allow_torchvision_import() -> None:

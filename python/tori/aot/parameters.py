@@ -21,7 +21,7 @@ from tori.runtime.artifact import PARAMETER_SCOPE
 # other dtypes stay in the module.
 BUILTIN_ELEMENT = {
     torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16", torch.float64: "f64",
-    torch.int64: "i64", torch.int32: "i32",
+    torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "i8",
 }
 
 

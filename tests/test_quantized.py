@@ -1,0 +1,148 @@
+"""int8 models from PyTorch 2 export quantization (torchao's PT2E flow with
+X86InductorQuantizer) through tori: the rewrites of tori/frontend/quantized.py,
+integer contractions in the dispatches IREE forms, int8 weights kept in the module,
+and results against eager's quantized model."""
+
+import math
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tori
+from tori.frontend.quantized import quantized_conv2d, rewrite_quantized
+from tori.targets.dispatches import dispatches_of, recorded_flow_ir
+from tori.testing import assert_matches_eager, quantize_pt2e
+
+qd = torch.ops.quantized_decomposed
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = torch.nn.Linear(64, 128), torch.nn.Linear(128, 64), torch.nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+
+
+class CNN(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1 = torch.nn.Conv2d(3, 16, 3, padding=1)
+        self.c2 = torch.nn.Conv2d(16, 32, 3, stride=2, padding=1)
+        self.c3 = torch.nn.Conv2d(32, 32, 1, bias=False)
+        self.c4 = torch.nn.Conv2d(32, 32, 3, padding=2, dilation=2)
+        self.fc = torch.nn.Linear(32, 10)
+
+    def forward(self, x):
+        x = torch.relu(self.c1(x))
+        x = torch.relu(self.c2(x))
+        x = torch.relu(self.c4(torch.relu(self.c3(x))))
+        return self.fc(x.mean((2, 3)))
+
+
+def _integer_matmuls(graph) -> tuple[list[str], list[str]]:
+    """The graph's contraction dispatches (IREE's flow phase): integer ones, others."""
+    entries = dispatches_of(recorded_flow_ir(graph)).entries
+    # int8 x int8 (sign-extended): uint8 activations would make `extui` operands, which
+    # IREE neither data-tiles nor gives its integer kernels
+    assert "arith.extui" not in recorded_flow_ir(graph)
+    contractions = [e for e in entries if "matmul" in e or "conv" in e]
+    integer = [e for e in contractions if e.endswith("_i8xi8xi32")]
+    return integer, [e for e in contractions if e not in integer]
+
+
+def _compile_quantized(model, x, **quantize):
+    torch.manual_seed(0)
+    quantized = quantize_pt2e(model, x, **quantize)
+    with torch.no_grad():
+        expected, float_out = quantized(x), model(x)
+        actual = assert_matches_eager(quantized, x, options={"cache": False}, rtol=0, atol=1.0)
+    return quantized, expected, float_out, actual, tori.last_compile().graphs[-1]
+
+
+def _within_quantization(actual, expected, float_out):
+    """tori's int8 result differs from eager's int8 model by rounding ties of the
+    intermediate requantizations at most: far less than int8's own error."""
+    error = (expected - float_out).abs().max().item()
+    difference = (actual - expected).abs()
+    assert difference.max().item() <= error, (difference.max().item(), error)
+    assert difference.mean().item() <= 0.1 * (expected - float_out).abs().mean().item() + 1e-6
+
+
+@pytest.mark.parametrize("per_channel", [True, False], ids=["per-channel", "per-tensor"])
+def test_pt2e_linear_layers_run_integer_matmuls(per_channel):
+    torch.manual_seed(0)
+    model, x = MLP().eval(), torch.randn(16, 64)
+    _, expected, float_out, actual, graph = _compile_quantized(model, x, per_channel=per_channel)
+    _within_quantization(actual, expected, float_out)
+    integer, other = _integer_matmuls(graph)
+    assert len(integer) == 3 and not other, (integer, other)
+
+
+def test_pt2e_convolutions_run_integer_matmuls():
+    torch.manual_seed(0)
+    model, x = CNN().eval(), torch.randn(2, 3, 20, 18)
+    _, expected, float_out, actual, graph = _compile_quantized(model, x)
+    _within_quantization(actual, expected, float_out)
+    assert "aten.convolution" not in graph.stages["aten"]
+    integer, other = _integer_matmuls(graph)
+    # four convolutions and the classifier, all int8 x int8 -> int32
+    assert len(integer) == 5 and not other, (integer, other)
+    # the five int8 weights are module globals; their packing and the row sums of their
+    # zero-point corrections run once, in the module's initializers, not per call
+    flow = recorded_flow_ir(graph)
+    weights = re.findall(r"util\.global private @\w+ = #stream\.parameter\.named<[^>]+> : tensor<([0-9x]+)xi8>", flow)
+    sizes = sorted(math.prod(int(d) for d in w.split("x")) for w in weights)
+    assert sizes == sorted(p.numel() for name, p in model.named_parameters() if name.endswith("weight")), weights
+    per_call = [e for e in dispatches_of(flow).entries if not e.startswith("_initializer")]
+    assert not [e for e in per_call if "encode" in e or re.search(r"reduction_(16x27|32x144|32x32|32x288|10x32)_", e)]
+
+
+def test_uint8_activations_become_int8_exactly():
+    def fn(x):
+        q = qd.quantize_per_tensor.default(x, 0.05, 131, 0, 255, torch.uint8)
+        return qd.dequantize_per_tensor.default(q, 0.05, 131, 0, 255, torch.uint8)
+
+    gm = torch.fx.symbolic_trace(fn)
+    x = torch.randn(4, 50) * 4  # past both ends of the range
+    before = gm(x)
+    assert rewrite_quantized(gm) == 1
+    quantize = next(n for n in gm.graph.nodes if n.target is qd.quantize_per_tensor.default)
+    assert quantize.args[2:] == (3, -128, 127, torch.int8)
+    assert torch.equal(gm(x), before)
+
+
+def test_uint8_tensor_used_elsewhere_is_kept():
+    def fn(x):
+        q = qd.quantize_per_tensor.default(x, 0.05, 131, 0, 255, torch.uint8)
+        return qd.dequantize_per_tensor.default(q, 0.05, 131, 0, 255, torch.uint8), q
+
+    gm = torch.fx.symbolic_trace(fn)
+    assert rewrite_quantized(gm) == 0
+
+
+@pytest.mark.parametrize("stride,padding,dilation,per_channel,bias,batch", [
+    ((1, 1), (1, 1), (1, 1), True, True, 2),
+    ((2, 1), (0, 2), (1, 1), True, False, 1),
+    ((1, 2), (2, 1), (2, 1), False, True, 3),
+])
+def test_quantized_conv2d_is_the_dequantized_convolution(stride, padding, dilation, per_channel, bias, batch):
+    torch.manual_seed(0)
+    q_input = torch.randint(-128, 128, (batch, 5, 11, 9), dtype=torch.int8)
+    q_weight = torch.randint(-127, 128, (7, 5, 3, 2), dtype=torch.int8)
+    scale, zero = 0.02, -7
+    if per_channel:
+        w_scale, w_zero = torch.rand(7) * 0.01 + 1e-3, torch.zeros(7, dtype=torch.int64)
+        weight = qd.dequantize_per_channel.default(q_weight, w_scale, w_zero, 0, -128, 127, torch.int8)
+    else:
+        w_scale, w_zero = 0.004, 0
+        weight = qd.dequantize_per_tensor.default(q_weight, w_scale, w_zero, -128, 127, torch.int8)
+    b = torch.randn(7) if bias else None
+    x = qd.dequantize_per_tensor.default(q_input, scale, zero, -128, 127, torch.int8)
+    expected = F.conv2d(x, weight, b, stride, padding, dilation)
+    actual = quantized_conv2d(q_input, scale, zero, -128, 127, q_weight, w_scale, w_zero, -128, 127, per_channel, b,
+                              list(stride), list(padding), list(dilation))
+    torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
