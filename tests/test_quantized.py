@@ -3,9 +3,14 @@ X86InductorQuantizer) through tori: the rewrites of tori/frontend/quantized.py,
 integer contractions in the dispatches IREE forms, int8 weights kept in the module,
 and results against eager's quantized model."""
 
+import json
 import math
 import re
+import subprocess
+import sys
+from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -146,3 +151,52 @@ def test_quantized_conv2d_is_the_dequantized_convolution(stride, padding, dilati
     actual = quantized_conv2d(q_input, scale, zero, -128, 127, q_weight, w_scale, w_zero, -128, 127, per_channel, b,
                               list(stride), list(padding), list(dilation))
     torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+class WideMLP(torch.nn.Module):
+    """GEMM-heavy: 1.6M weights, so that the artifact's size is its weights'."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = torch.nn.Linear(512, 1024), torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 10)
+
+    def forward(self, x):
+        return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+
+
+def _artifact_bytes(folder) -> int:
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file() and "examples" not in f.parts)
+
+
+def test_exported_int8_model_runs_without_pytorch_and_is_a_quarter_the_size(tmp_path):
+    torch.manual_seed(0)
+    model, x = WideMLP().eval(), torch.randn(8, 512)
+    quantized = quantize_pt2e(model, x)
+    with torch.no_grad():
+        expected = quantized(x)
+        compiled = torch.compile(quantized, backend="tori", options={"fallback": "error"})(x)
+    int8 = tori.export(quantized, (x,), output_dir=tmp_path / "int8", external_weights=True)
+    float32 = tori.export(model, (x,), output_dir=tmp_path / "float32", external_weights=True)
+    assert _artifact_bytes(int8) <= 0.3 * _artifact_bytes(float32), (_artifact_bytes(int8), _artifact_bytes(float32))
+
+    manifest = json.loads((int8 / "manifest.json").read_text())
+    entries = manifest["parameters"]["entries"]
+    assert not [k for k, v in entries.items() if v["dtype"] == "float32" and k.endswith("weight")]  # float weights dropped
+    assert sorted(v["shape"] for v in entries.values() if v["dtype"] == "int8") == [[10, 1024], [1024, 512], [1024, 1024]]
+    quantization = manifest["entry_points"]["forward"]["quantization"]
+    weights = [q for q in quantization if q["op"] == "dequantize_per_channel"]
+    assert len(weights) == 3 and all(q["dtype"] == "int8" and q["scale"] in entries and q["axis"] == 0 for q in weights)
+    assert [q["dtype"] for q in quantization if q["tensor"] == "activation"] == ["int8"] * 3
+
+    loaded = tori.runtime.load(int8)
+    torch.testing.assert_close(torch.from_numpy(loaded(x.numpy())), compiled, rtol=0, atol=1e-5)
+    torch.testing.assert_close(compiled, expected, rtol=0, atol=1e-2)
+
+    # iree-run-module, IREE's own tool, with the parameter archive
+    np.save(tmp_path / "x.npy", x.numpy())
+    done = subprocess.run([str(Path(sys.executable).parent / "iree-run-module"), f"--module={int8 / 'cpu.vmfb'}", "--device=local-task",
+                           f"--parameters=model={int8 / 'parameters.irpa'}", "--function=forward",
+                           f"--input=@{tmp_path / 'x.npy'}", f"--output=@{tmp_path / 'out.npy'}"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    torch.testing.assert_close(torch.from_numpy(np.load(tmp_path / "out.npy")), compiled, rtol=0, atol=1e-5)

@@ -37,6 +37,7 @@ from tori.logs import stage
 from tori.frontend.constant_origins import ORIGIN, AssumedConstant
 from tori.frontend.decompositions import export_table
 from tori.frontend.importer import import_graph, new_importer, to_bytecode
+from tori.frontend.quantized import STATE_NAME, quantization_summary, rewrite_quantized
 from tori.frontend.signature import ArgKind
 from tori.passes import run_pipeline
 from tori.passes.lower_dialect import lower_for_iree
@@ -150,9 +151,13 @@ def _export(model: Any, args: tuple | None, kwargs: Mapping[str, Any] | None, *,
         program = found.program.run_decompositions(export_table())
         check_functional(program, name=entry)  # in-place updates show once decomposed
         gm = _stateless(program, found, hooks)
+        rewrite_quantized(gm)
+        quantization = quantization_summary(gm)
         graphs.append(gm)
         _, signature = import_graph(gm, graph_name=entry, importer=importer, func_name=_function_name(entry))
         specs[entry] = _entry_spec(entry, program, found, entries[entry], symbols)
+        if quantization:
+            specs[entry]["quantization"] = quantization
         if ArgKind.SEED in signature.args:
             # The function's last argument seeds its random ops: a fresh value per call.
             specs[entry]["seed"] = {"dtype": "int64", "shape": [], "position": len(specs[entry]["inputs"])}
@@ -208,7 +213,8 @@ def _function_name(entry: str) -> str:
 
 def _stateless(program: torch.export.ExportedProgram, found: Traced, hooks: ExternalParameters | None):
     """The program's graph with parameters, buffers and constants read from attributes
-    (imported as literals, or as parameter loads by `hooks`), user inputs as placeholders."""
+    (imported as literals, or as parameter loads by `hooks`), user inputs as placeholders;
+    state the graph does not read is dropped."""
     gm = program.graph_module
     signature = program.graph_signature
     state = {**program.state_dict, **program.constants}
@@ -217,6 +223,9 @@ def _stateless(program: torch.export.ExportedProgram, found: Traced, hooks: Exte
     weights = set(signature.inputs_to_parameters) | set(signature.inputs_to_buffers)
     for index, node in enumerate(list(gm.graph.find_nodes(op="placeholder"))):
         if node.name not in lifted:
+            continue
+        if not node.users:  # state the graph never reads (a quantized model's float weights): not kept
+            gm.graph.erase_node(node)
             continue
         target = lifted[node.name]
         value = state[target]
@@ -229,6 +238,7 @@ def _stateless(program: torch.export.ExportedProgram, found: Traced, hooks: Exte
         with gm.graph.inserting_before(node):
             literal = gm.graph.get_attr(attribute)
         literal.meta = dict(node.meta)
+        literal.meta[STATE_NAME] = target.removeprefix(found.prefix)
         origin = found.constants.get(id(state[target]))
         if origin is not None:
             literal.meta[ORIGIN] = AssumedConstant(value, origin.qualified, "")

@@ -25,7 +25,6 @@ from tori.frontend.compile_graph import compile_graph
 from tori.frontend.constant_origins import ORIGIN, AssumedConstant, assumed_constants
 from tori.frontend.decompositions import decomposition_table
 from tori.frontend import graph_cache
-from tori.frontend.quantized import rewrite_quantized
 from tori.frontend.tensor_start_narrow import rewrite_tensor_start_narrows
 from tori.frontend.partition import compile_partitioned
 from tori.frontend.records import CompileRecord, GraphRecord, new_record
@@ -58,7 +57,6 @@ def tori_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], options: d
     record.rank = distributed.rank()
     record.ddp_bucket = distributed.ddp_bucket()
     rewrite_tensor_start_narrows(gm)
-    rewrite_quantized(gm)
     key, served = graph_cache.lookup(gm, example_inputs, opts, record)
     if served is not None:
         counters.compiled_graphs += 1

@@ -17,6 +17,7 @@ from tori.cache import compile_cache, compile_key
 from tori.config import Options
 from tori.errors import CompileError
 from tori.frontend.importer import import_graph, new_importer, to_bytecode
+from tori.frontend.quantized import rewrite_quantized
 from tori.frontend.resident import make_resident, resident_args, with_resident
 from tori.frontend.records import GraphRecord
 from tori.frontend.repro import write_repro
@@ -41,6 +42,7 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
     """
     start = time.perf_counter()
     inspecting = options.dump_dir is not None or options.report is not None
+    rewrite_quantized(gm)
     record.stages[Stage.ATEN] = gm.code
     if inspecting:
         record.guards = current_guards()

@@ -1,7 +1,9 @@
 """Quantized graphs (PyTorch 2 export quantization, `quantized_decomposed` ops) in the
-forms that reach IREE as integer contractions. A rewrite of the Dynamo graph, before
-AOTAutograd: both rewrites change the ops a contraction's operands come from, which
-a decomposition (seeing one op's inputs) cannot.
+forms that reach IREE as integer contractions. A rewrite of the functional ATen graph
+before import (torch.compile's and tori.export's): both rewrites change the ops a
+contraction's operands come from, which a decomposition (seeing one op's inputs)
+cannot. Replacements are traced to ATen ops (make_fx) and spliced in, so the graph
+stays one of ATen ops with their metadata.
 
 Torch-MLIR fuses `mm(dequantize(x), dequantize(w))` into an integer matmul with the
 zero points subtracted and the scales applied after (i8 x i8 -> i32); IREE data-tiles
@@ -26,10 +28,13 @@ activations, grouped or transposed convolutions, and graphs without these ops.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import torch
 import torch.fx
+
+from tori.aot.parameters import dtype_name
 
 log = logging.getLogger("tori.frontend.quantized")
 
@@ -65,6 +70,7 @@ def _signed_activations(gm: torch.fx.GraphModule, qd) -> int:
             continue
         signed = (zero - 128, -128, 127, torch.int8)
         node.args = (node.args[0], scale, *signed)
+        _retype(node, torch.int8)
         for user in users:
             user.args = (node, scale, *signed, *user.args[6:])
         rewritten += 1
@@ -161,15 +167,63 @@ def _integer_convolutions(gm: torch.fx.GraphModule, qd) -> int:
             continue
         if w_dtype != torch.int8 or _rank(q_weight) != 4:
             continue
-        with gm.graph.inserting_before(node):
-            replacement = gm.graph.call_function(quantized_conv2d, (
-                q_input, scale, zero, low, high, q_weight, w_scale, w_zero, w_low, w_high, per_channel, bias,
-                list(stride), list(padding), list(dilation)))
-        replacement.meta = dict(node.meta)
-        node.replace_all_uses_with(replacement)
-        gm.graph.erase_node(node)
+        _splice(gm, node, quantized_conv2d, (q_input, scale, zero, low, high, q_weight, w_scale, w_zero, w_low,
+                                             w_high, per_channel, bias, list(stride), list(padding), list(dilation)))
         rewritten += 1
     return rewritten
+
+
+def _retype(node: torch.fx.Node, dtype: torch.dtype) -> None:
+    """Give `node`'s recorded value (and its tensor metadata, which the importer reads
+    first) the element type `dtype`."""
+    from torch.fx.passes.shape_prop import _extract_tensor_metadata
+
+    for key in ("val", "example_value"):
+        if isinstance(node.meta.get(key), torch.Tensor):
+            with _fake_mode([node.meta[key]]):
+                node.meta[key] = torch.empty_like(node.meta[key], dtype=dtype)
+            if "tensor_meta" in node.meta:
+                node.meta["tensor_meta"] = _extract_tensor_metadata(node.meta[key])
+
+
+def _fake_mode(values):
+    from torch._guards import detect_fake_mode
+
+    mode = detect_fake_mode(values)
+    return mode if mode is not None else contextlib.nullcontext()
+
+
+def _value(node):
+    return node.meta.get("val", node.meta.get("example_value"))
+
+
+def _splice(gm: torch.fx.GraphModule, node: torch.fx.Node, fn, args: tuple) -> None:
+    """Replace `node` with `fn(*args)` traced to ATen ops on the graph's fake values
+    (the nodes among `args` are its tensor inputs)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    inputs = [a for a in args if isinstance(a, torch.fx.Node)]
+    fakes = [_value(a) for a in inputs]
+
+    def call(*tensors):
+        supplied = iter(tensors)
+        return fn(*(next(supplied) if isinstance(a, torch.fx.Node) else a for a in args))
+
+    with _fake_mode(fakes):
+        traced = make_fx(call)(*fakes)
+    env = dict(zip(traced.graph.find_nodes(op="placeholder"), inputs))
+    result = None
+    with gm.graph.inserting_before(node):
+        for inner in traced.graph.nodes:
+            if inner.op == "placeholder":
+                continue
+            if inner.op == "output":
+                result = env[inner.args[0]]
+                break
+            env[inner] = gm.graph.node_copy(inner, lambda n: env[n])
+    result.meta.update({k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack", "source_fn_stack")})
+    node.replace_all_uses_with(result)
+    gm.graph.erase_node(node)
 
 
 def rewrite_quantized(gm: torch.fx.GraphModule) -> int:
@@ -189,3 +243,47 @@ def rewrite_quantized(gm: torch.fx.GraphModule) -> int:
         gm.recompile()
         log.debug("rewrote %d quantized patterns", rewritten)
     return rewritten
+
+
+STATE_NAME = "tori_state_name"  # node.meta key: the parameter or buffer a get_attr node reads (tori.export)
+
+
+def _state_name(value) -> str | None:
+    """The state a tensor argument reads, through views and reshapes."""
+    while isinstance(value, torch.fx.Node):
+        if STATE_NAME in value.meta:
+            return value.meta[STATE_NAME]
+        if value.op != "call_function" or value.target not in (aten.view.default, aten.reshape.default,
+                                                              aten._unsafe_view.default):
+            return None
+        value = value.args[0]
+    return None
+
+
+def _describe(value):
+    if isinstance(value, torch.fx.Node):
+        return _state_name(value) or "computed"
+    return value
+
+
+def quantization_summary(gm: torch.fx.GraphModule) -> list[dict]:
+    """The graph's quantization as run: each quantize op of an activation and each
+    dequantize of a stored (int8) tensor, with its dtype, range, scale and zero point
+    (numbers, or the names of the parameters holding them)."""
+    summary = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or getattr(node.target, "namespace", None) != "quantized_decomposed":
+            continue
+        op = node.target._overloadpacket.__name__
+        stored = _state_name(node.args[0]) if node.args else None
+        if not (op.startswith("quantize") or (op.startswith("dequantize") and stored)):
+            continue
+        args = list(node.args)
+        per_channel = op.endswith("per_channel")
+        low, high, dtype = args[4:7] if per_channel else args[3:6]
+        entry = {"op": op, "tensor": stored or "activation", "dtype": dtype_name(dtype), "range": [low, high],
+                 "scale": _describe(args[1]), "zero_point": _describe(args[2])}
+        if per_channel:
+            entry["axis"] = args[3]
+        summary.append(entry)
+    return summary
