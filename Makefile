@@ -7,7 +7,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.tori-installed
 PYTEST_ARGS ?=
 
-.PHONY: all venv demo test test-extended bench bench-models bench-distributed gpu-check-bundle fuzz conformance clean
+.PHONY: all venv demo test test-extended bench bench-models bench-quantized bench-distributed gpu-check-bundle fuzz conformance clean
 
 all: test
 
@@ -41,6 +41,11 @@ bench: $(STAMP)
 BENCH_MODELS_ARGS ?=
 bench-models: $(STAMP)
 	$(PY) benchmarks/bench_models.py --json benchmarks/results/models.json $(BENCH_MODELS_ARGS)
+
+# Low precision (docs/quantization.md): int8 PT2E and bf16 autocast against float32, weight-only int8
+# decoding, exported artifact sizes; ratios from one process.
+bench-quantized: $(STAMP)
+	$(PY) benchmarks/bench_quantized.py --json benchmarks/results/quantized.json
 
 # DDP training step time on 2 gloo ranks: eager vs inductor vs tori in one run (docs/distributed.md).
 bench-distributed: $(STAMP)

@@ -1,7 +1,9 @@
-"""int8 models from PyTorch 2 export quantization (torchao's PT2E flow with
-X86InductorQuantizer) through tori: the rewrites of tori/frontend/quantized.py,
-integer contractions in the dispatches IREE forms, int8 weights kept in the module,
-and results against eager's quantized model."""
+"""Low precision through tori. int8 models from PyTorch 2 export quantization
+(torchao's PT2E flow with X86InductorQuantizer): the rewrites of
+tori/frontend/quantized.py, integer contractions in the dispatches IREE forms, int8
+weights kept in the module, results against eager's quantized model, and exported
+artifacts run without PyTorch. bf16 autocast and models cast to 16-bit floats
+against eager."""
 
 import json
 import math
@@ -19,6 +21,9 @@ import tori
 from tori.frontend.quantized import quantized_conv2d, rewrite_quantized
 from tori.targets.dispatches import dispatches_of, recorded_flow_ir
 from tori.testing import assert_matches_eager, quantize_pt2e
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from bench_quantized import WideMLP  # noqa: E402
 
 qd = torch.ops.quantized_decomposed
 
@@ -153,17 +158,6 @@ def test_quantized_conv2d_is_the_dequantized_convolution(stride, padding, dilati
     torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
 
 
-class WideMLP(torch.nn.Module):
-    """GEMM-heavy: 1.6M weights, so that the artifact's size is its weights'."""
-
-    def __init__(self):
-        super().__init__()
-        self.a, self.b, self.c = torch.nn.Linear(512, 1024), torch.nn.Linear(1024, 1024), torch.nn.Linear(1024, 10)
-
-    def forward(self, x):
-        return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
-
-
 def _artifact_bytes(folder) -> int:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file() and "examples" not in f.parts)
 
@@ -200,3 +194,28 @@ def test_exported_int8_model_runs_without_pytorch_and_is_a_quarter_the_size(tmp_
                           capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     torch.testing.assert_close(torch.from_numpy(np.load(tmp_path / "out.npy")), compiled, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("model,shape", [(MLP, (16, 64)), (CNN, (2, 3, 20, 18))], ids=["mlp", "cnn"])
+def test_bf16_autocast_compiles_and_matches_eager_autocast(model, shape):
+    torch.manual_seed(0)
+    net, x = model().eval(), torch.randn(*shape)
+
+    def forward(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return net(x)
+
+    with torch.no_grad():
+        out = assert_matches_eager(forward, x, rtol=2e-2, atol=2e-2)
+    assert out.dtype == torch.bfloat16  # the classifier's matmul ran in bf16, as eager's autocast does
+    graph = tori.last_compile().graphs[-1]
+    assert "bf16" in graph.stages["torch"]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_models_cast_to_16_bit_floats_match_eager(dtype):
+    torch.manual_seed(0)
+    net, x = CNN().eval().to(dtype), torch.randn(2, 3, 20, 18, dtype=dtype)
+    with torch.no_grad():
+        out = assert_matches_eager(net, x, rtol=3e-2, atol=3e-2)
+    assert out.dtype == dtype
