@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import tori
 from tori.frontend.quantized import quantized_conv2d, rewrite_quantized
 from tori.targets.dispatches import dispatches_of, recorded_flow_ir
-from tori.testing import assert_matches_eager, quantize_pt2e
+from tori.testing import assert_matches_eager, count_graphs, quantize_pt2e
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from bench_quantized import WideMLP  # noqa: E402
@@ -219,3 +219,42 @@ def test_models_cast_to_16_bit_floats_match_eager(dtype):
     with torch.no_grad():
         out = assert_matches_eager(net, x, rtol=3e-2, atol=3e-2)
     assert out.dtype == dtype
+
+
+def _int8_weight_only(model):
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    quantize_(model, Int8WeightOnlyConfig())
+    return model
+
+
+def test_weight_only_int8_linear_layers_read_int8_weights():
+    torch.manual_seed(0)
+    model = _int8_weight_only(MLP().eval())
+    x = torch.randn(1, 64)
+    with torch.no_grad():
+        assert_matches_eager(model, x, options={"cache": False}, rtol=1e-5, atol=1e-5)
+    graph = tori.last_compile().graphs[-1]
+    assert "int8-weight matmul on cpu" in str(graph.codegen)
+    entries = dispatches_of(recorded_flow_ir(graph)).entries
+    per_call = [e for e in entries if not e.startswith("_initializer")]
+    # one contraction per layer reading the int8 weight; no per-call widening of a weight
+    assert len([e for e in per_call if re.search(r"mat(mul|vec)_like_.*_f32xi8xf32$", e)]) == 3, per_call
+    assert not [e for e in per_call if re.search(r"elementwise_.*i8xf32", e)], per_call
+
+
+def test_weight_only_int8_decoding_gives_eager_tokens():
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = _int8_weight_only(transformers.LlamaForCausalLM(config).eval())
+    prompt = torch.randint(0, 256, (1, 6), generator=torch.Generator().manual_seed(1))
+    settings = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False, cache_implementation="static", pad_token_id=0)
+    with torch.no_grad():
+        expected = model.generate(prompt, **settings)
+        model.forward = torch.compile(model.forward, backend="tori", options={"fallback": "error"})
+        with count_graphs() as count:
+            actual = model.generate(prompt, **settings)
+    assert torch.equal(actual, expected)
+    assert count.compiled_graphs >= 2 and count.fallback_graphs == 0 and count.compiled_calls >= 8

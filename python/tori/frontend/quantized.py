@@ -21,6 +21,9 @@ it for the CPU's integer dot-product instructions. Two forms escape it:
   zero point, which dequantizes to 0) and one matmul against the int8 weight,
   reshaped to [O, C*kh*kw], each operand dequantized just before the matmul.
 
+Weight-only quantization (int8 weights widened to float before a float matmul) is
+tori-int8-weight-matmul's (passes/int8_weight_matmul.py).
+
 Never changes: quantize/dequantize pairs whose quantized tensor is used otherwise
 (returned, or read by other ops), tensor-valued (dynamic) scales and zero points of
 activations, grouped or transposed convolutions, and graphs without these ops.
@@ -227,7 +230,7 @@ def _splice(gm: torch.fx.GraphModule, node: torch.fx.Node, fn, args: tuple) -> N
 
 
 def rewrite_quantized(gm: torch.fx.GraphModule) -> int:
-    """Rewrite a Dynamo graph's quantized patterns (above); the number of rewrites."""
+    """Rewrite a functional ATen graph's quantized patterns (above); the number of rewrites."""
     if not any(n.op == "call_function" and getattr(n.target, "namespace", None) == "quantized_decomposed"
                for n in gm.graph.nodes):
         return 0

@@ -75,8 +75,7 @@ def _int_pair(value: ir.Value) -> tuple[int, int] | None:
 
 
 def _is_none(value: ir.Value) -> bool:
-    owner = getattr(value.owner, "operation", value.owner)
-    return isinstance(owner, ir.Operation) and owner.name == "torch.constant.none"
+    return owner_named(value, "torch.constant.none") is not None
 
 
 @dataclass(frozen=True)
@@ -189,52 +188,63 @@ def depthwise_form(op: ir.Operation) -> Depthwise | None:
     return Depthwise(tuple(shape), tuple(kernel[2:]), *pairs, tuple(out), bias=not _is_none(bias))
 
 
-def _convolutions(op: ir.Operation) -> list[ir.Operation]:
+def ops_named(op: ir.Operation, name: str) -> list[ir.Operation]:
+    """The ops of that name nested in `op`, in order."""
     found = []
     for region in op.regions:
         for block in region.blocks:
             for child in block.operations:
                 child = child.operation
-                if child.name == "torch.aten.convolution":
+                if child.name == name:
                     found.append(child)
-                found.extend(_convolutions(child))
+                found.extend(ops_named(child, name))
     return found
 
 
-def _builtin(value: ir.Value) -> ir.Value:
-    shape = _shape(value)
+def owner_named(value: ir.Value, name: str) -> ir.Operation | None:
+    """The op of that name that defines `value`, else None."""
+    owner = getattr(value.owner, "operation", value.owner)
+    return owner if isinstance(owner, ir.Operation) and owner.name == name else None
+
+
+def _builtin(value: ir.Value, element: ir.Type) -> ir.Value:
+    shape = [int(d) for d in re.match(r"^!torch\.vtensor<\[([0-9,]+)\]", str(value.type)).group(1).split(",")]
     return ir.Operation.create("torch_c.to_builtin_tensor", operands=[value],
-                               results=[ir.RankedTensorType.get(shape, ir.F32Type.get())]).results[0]
+                               results=[ir.RankedTensorType.get(shape, element)]).results[0]
+
+
+def call_private_function(module: ir.Operation, op: ir.Operation, name: str, text: str, operands: list[ir.Value],
+                          elements: list[ir.Type]) -> None:
+    """Replace `op` (one float32 result) with a call of the private function `name`
+    (defined from `text` if the module lacks it) on `operands` cast to builtin tensors
+    of the given element types; `torch_c` casts around the call."""
+    # torch_c (Torch-MLIR's TorchConversion dialect) has no Python registration: its
+    # casts are made in generic form, which IREE's parser reads as its own ops.
+    module.context.allow_unregistered_dialects = True
+    body = module.regions[0].blocks[0]
+    if not any(str(o.operation.attributes["sym_name"]).strip('"') == name for o in body.operations
+               if "sym_name" in o.operation.attributes):
+        parsed = ir.Module.parse(text)  # kept alive until its function is moved
+        function = parsed.body.operations[0].operation
+        function.detach_from_parent()
+        body.append(function)
+    result = op.results[0]
+    shape = [int(d) for d in re.match(r"^!torch\.vtensor<\[([0-9,]+)\]", str(result.type)).group(1).split(",")]
+    with ir.InsertionPoint(op), op.location:
+        builtins = [_builtin(value, element) for value, element in zip(operands, elements)]
+        call = ir.Operation.create("func.call", operands=builtins, results=[ir.RankedTensorType.get(shape, ir.F32Type.get())],
+                                   attributes={"callee": ir.FlatSymbolRefAttr.get(name)})
+        back = ir.Operation.create("torch_c.from_builtin_tensor", operands=[call.results[0]], results=[result.type])
+    result.replace_all_uses_with(back.results[0])
+    op.erase()
 
 
 @register_pass(PASS_NAME)
 def depthwise_nhwc(op: ir.Operation, pass_: object) -> None:
     """Rewrite each depthwise convolution into a call of its NHWC function."""
-    module = op
-    # torch_c (Torch-MLIR's TorchConversion dialect) has no Python registration: its
-    # casts are made in generic form, which IREE's parser reads as its own ops.
-    module.context.allow_unregistered_dialects = True
-    defined = {str(o.operation.attributes["sym_name"]).strip('"') for o in module.regions[0].blocks[0].operations
-               if "sym_name" in o.operation.attributes}
-    for conv in _convolutions(module):
+    for conv in ops_named(op, "torch.aten.convolution"):
         form = depthwise_form(conv)
         if form is None:
             continue
-        if form.name not in defined:
-            parsed = ir.Module.parse(form.function())
-            function = parsed.body.operations[0].operation
-            function.detach_from_parent()
-            module.regions[0].blocks[0].append(function)
-            defined.add(form.name)
-        result = conv.results[0]
-        with ir.InsertionPoint(conv), conv.location:
-            operands = [_builtin(conv.operands[0]), _builtin(conv.operands[1])]
-            if form.bias:
-                operands.append(_builtin(conv.operands[2]))
-            out = ir.RankedTensorType.get(list(form.output), ir.F32Type.get())
-            call = ir.Operation.create("func.call", operands=operands, results=[out],
-                                       attributes={"callee": ir.FlatSymbolRefAttr.get(form.name)})
-            back = ir.Operation.create("torch_c.from_builtin_tensor", operands=[call.results[0]],
-                                       results=[result.type])
-        result.replace_all_uses_with(back.results[0])
-        conv.erase()
+        operands = list(conv.operands[:3] if form.bias else conv.operands[:2])
+        call_private_function(op, conv, form.name, form.function(), operands, [ir.F32Type.get()] * len(operands))

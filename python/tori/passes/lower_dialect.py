@@ -24,6 +24,7 @@ from torch_mlir import ir
 from tori.dialects.tori import OP_NAMES
 from tori.errors import CompileError
 from tori.passes.depthwise_nhwc import PASS_NAME as DEPTHWISE_PASS
+from tori.passes.int8_weight_matmul import PASS_NAME as INT8_WEIGHT_PASS
 from tori.passes.registry import register_pass, run_pipeline
 from tori.stages import Stage
 
@@ -66,7 +67,8 @@ def check_lowered(module: ir.Module, *, graph: str = "") -> None:
 
 def lower_for_iree(module: ir.Module, *, graph: str = "") -> None:
     """Run tori-lower-dialect over `module` and check that no tori op is left; then give
-    depthwise convolutions IREE's channels-last kernel (tori-depthwise-nhwc), whatever
-    the user's pipeline."""
-    run_pipeline(module, f"{PASS_NAME}, {DEPTHWISE_PASS}", graph=graph)
+    depthwise convolutions IREE's channels-last kernel (tori-depthwise-nhwc) and
+    matmuls against widened int8 weights one contraction (tori-int8-weight-matmul),
+    whatever the user's pipeline."""
+    run_pipeline(module, f"{PASS_NAME}, {DEPTHWISE_PASS}, {INT8_WEIGHT_PASS}", graph=graph)
     check_lowered(module, graph=graph)

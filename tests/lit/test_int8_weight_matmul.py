@@ -1,0 +1,75 @@
+"""FileCheck tests of tori-int8-weight-matmul: a float32 matmul against an int8 weight
+transposed and widened (either order) becomes a call of one contraction that reads
+the int8 weight; other matmuls are left as they are."""
+
+PIPELINE = "tori-int8-weight-matmul"
+
+X, W, WF, WT, OUT = ("!torch.vtensor<[2,64],f32>", "!torch.vtensor<[32,64],si8>", "!torch.vtensor<[32,64],f32>",
+                     "!torch.vtensor<[64,32],f32>", "!torch.vtensor<[2,32],f32>")
+DIMS = """
+          %int0 = torch.constant.int 0
+          %int1 = torch.constant.int 1
+          %int6 = torch.constant.int 6
+          %dims = torch.prim.ListConstruct %int1, %int0 : (!torch.int, !torch.int) -> !torch.list<int>"""
+
+
+def test_widened_then_transposed_weight_becomes_one_contraction(filecheck):
+    filecheck(f"""
+        func.func @wo(%arg0: {X}, %arg1: {W}) -> {OUT} {{
+          {DIMS}
+          %c = torch.prims.convert_element_type %arg1, %int6 : {W}, !torch.int -> {WF}
+          %t = torch.aten.permute %c, %dims : {WF}, !torch.list<int> -> {WT}
+          %0 = torch.aten.mm %arg0, %t : {X}, {WT} -> {OUT}
+          return %0 : {OUT}
+        }}
+    """, """
+        # CHECK-LABEL: func.func @wo
+        # CHECK-DAG:     %[[X:.+]] = "torch_c.to_builtin_tensor"(%arg0) : (!torch.vtensor<[2,64],f32>) -> tensor<2x64xf32>
+        # CHECK-DAG:     %[[W:.+]] = "torch_c.to_builtin_tensor"(%arg1) : (!torch.vtensor<[32,64],si8>) -> tensor<32x64xi8>
+        # CHECK:         %[[R:.+]] = call @tori_int8_weight_mm_2x64x32(%[[X]], %[[W]])
+        # CHECK:         "torch_c.from_builtin_tensor"(%[[R]]) : (tensor<2x32xf32>) -> !torch.vtensor<[2,32],f32>
+        # CHECK-NOT:     torch.aten.mm
+        # CHECK-LABEL: func.func private @tori_int8_weight_mm_2x64x32
+        # CHECK:         linalg.transpose ins(%{{.+}} : tensor<32x64xi8>) outs(%{{.+}} : tensor<64x32xi8>) permutation = [1, 0]
+        # CHECK:         linalg.generic
+        # CHECK-SAME:      ins(%{{.+}}, %{{.+}} : tensor<2x64xf32>, tensor<64x32xi8>) outs(%{{.+}} : tensor<2x32xf32>)
+        # CHECK:         arith.sitofp %{{.+}} : i8 to f32
+        # CHECK:         arith.mulf
+        # CHECK:         arith.addf
+    """)
+
+
+def test_transposed_then_widened_weight_becomes_the_same_call(filecheck):
+    filecheck(f"""
+        func.func @wo(%arg0: {X}, %arg1: {W}) -> {OUT} {{
+          {DIMS}
+          %t = torch.aten.permute %arg1, %dims : {W}, !torch.list<int> -> !torch.vtensor<[64,32],si8>
+          %c = torch.prims.convert_element_type %t, %int6 : !torch.vtensor<[64,32],si8>, !torch.int -> {WT}
+          %0 = torch.aten.mm %arg0, %c : {X}, {WT} -> {OUT}
+          return %0 : {OUT}
+        }}
+    """, """
+        # CHECK-LABEL: func.func @wo
+        # CHECK:         call @tori_int8_weight_mm_2x64x32
+        # CHECK-NOT:     torch.aten.mm
+    """)
+
+
+def test_float_weights_and_other_integers_are_left_alone(filecheck):
+    i16 = "!torch.vtensor<[32,64],si16>"
+    filecheck(f"""
+        func.func @f(%arg0: {X}, %arg1: {WF}, %arg2: {i16}) -> ({OUT}, {OUT}) {{
+          {DIMS}
+          %t = torch.aten.permute %arg1, %dims : {WF}, !torch.list<int> -> {WT}
+          %0 = torch.aten.mm %arg0, %t : {X}, {WT} -> {OUT}
+          %c = torch.prims.convert_element_type %arg2, %int6 : {i16}, !torch.int -> {WF}
+          %u = torch.aten.permute %c, %dims : {WF}, !torch.list<int> -> {WT}
+          %1 = torch.aten.mm %arg0, %u : {X}, {WT} -> {OUT}
+          return %0, %1 : {OUT}, {OUT}
+        }}
+    """, """
+        # CHECK-LABEL: func.func @f
+        # CHECK:         torch.aten.mm
+        # CHECK:         torch.aten.mm
+        # CHECK-NOT:     call @tori_int8_weight_mm
+    """)
