@@ -258,3 +258,17 @@ def test_weight_only_int8_decoding_gives_eager_tokens():
             actual = model.generate(prompt, **settings)
     assert torch.equal(actual, expected)
     assert count.compiled_graphs >= 2 and count.fallback_graphs == 0 and count.compiled_calls >= 8
+
+
+@pytest.mark.parametrize("model,shape", [(MLP, (16, 64)), (CNN, (2, 3, 20, 18))], ids=["mlp", "cnn"])
+def test_dynamic_activation_quantization_matches_eager(model, shape):
+    """Scales and zero points computed per call (choose_qparams) compile, with eager's
+    arithmetic: the same values to float32 rounding."""
+    torch.manual_seed(0)
+    net, x = model().eval(), torch.randn(*shape)
+    quantized = quantize_pt2e(net, x, dynamic=True)
+    with torch.no_grad():
+        assert_matches_eager(quantized, x, rtol=0, atol=1e-5)
+        # a second input with another range: its scale is computed again, not baked in
+        assert_matches_eager(quantized, torch.randn(*shape) * 5, rtol=0, atol=1e-4)
+    assert "choose_qparams" not in tori.last_compile().graphs[-1].stages["aten"]
