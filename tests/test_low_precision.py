@@ -58,7 +58,10 @@ def _integer_matmuls(graph) -> tuple[list[str], list[str]]:
     entries = dispatches_of(recorded_flow_ir(graph)).entries
     # int8 x int8 (sign-extended): uint8 activations would make `extui` operands, which
     # IREE neither data-tiles nor gives its integer kernels
-    assert "arith.extui" not in recorded_flow_ir(graph)
+    executables = recorded_flow_ir(graph).split("flow.executable private @")[1:]
+    exports = [(re.search(r"flow\.executable\.export public @(\S+)", e), e) for e in executables]
+    contractions = [(m.group(1), e) for m, e in exports if m and "matmul" in m.group(1)]
+    assert contractions and not [name for name, e in contractions if "arith.extui" in e]
     contractions = [e for e in entries if "matmul" in e or "conv" in e]
     integer = [e for e in contractions if e.endswith("_i8xi8xi32")]
     return integer, [e for e in contractions if e not in integer]
@@ -263,12 +266,16 @@ def test_weight_only_int8_decoding_gives_eager_tokens():
 @pytest.mark.parametrize("model,shape", [(MLP, (16, 64)), (CNN, (2, 3, 20, 18))], ids=["mlp", "cnn"])
 def test_dynamic_activation_quantization_matches_eager(model, shape):
     """Scales and zero points computed per call (choose_qparams) compile, with eager's
-    arithmetic: the same values to float32 rounding."""
+    arithmetic: the same values to float32 rounding; linear layers run integer matmuls."""
     torch.manual_seed(0)
     net, x = model().eval(), torch.randn(*shape)
     quantized = quantize_pt2e(net, x, dynamic=True)
     with torch.no_grad():
-        assert_matches_eager(quantized, x, rtol=0, atol=1e-5)
+        assert_matches_eager(quantized, x, options={"cache": False}, rtol=0, atol=1e-5)
+        graph = tori.last_compile().graphs[-1]
         # a second input with another range: its scale is computed again, not baked in
         assert_matches_eager(quantized, torch.randn(*shape) * 5, rtol=0, atol=1e-4)
-    assert "choose_qparams" not in tori.last_compile().graphs[-1].stages["aten"]
+    assert "choose_qparams" not in graph.stages["aten"]
+    integer, _ = _integer_matmuls(graph)
+    linears = sum(isinstance(m, torch.nn.Linear) for m in net.modules())
+    assert len(integer) == linears, integer

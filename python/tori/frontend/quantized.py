@@ -7,7 +7,7 @@ stays one of ATen ops with their metadata.
 
 Torch-MLIR fuses `mm(dequantize(x), dequantize(w))` into an integer matmul with the
 zero points subtracted and the scales applied after (i8 x i8 -> i32); IREE data-tiles
-it for the CPU's integer dot-product instructions. Two forms escape it:
+it for the CPU's integer dot-product instructions. Three forms escape it:
 
 - uint8 activations (X86InductorQuantizer's default): the matmul becomes a generic
   of `extui` and `extsi` operands that IREE neither data-tiles nor gives a kernel
@@ -21,18 +21,27 @@ it for the CPU's integer dot-product instructions. Two forms escape it:
   zero point, which dequantizes to 0) and one matmul against the int8 weight,
   reshaped to [O, C*kh*kw], each operand dequantized just before the matmul.
 
+- dynamic activation quantization (scale and zero point computed per call by
+  `choose_qparams.tensor`, passed as tensors): Torch-MLIR imports none of these ops
+  (IREE failed on `choose_qparams`) and their PyTorch kernels read the tensors with
+  `.item()`. A linear layer (2-D `mm` of a per-call dequantized activation and an
+  int8 weight) becomes `torch._int_mm` with the zero-point corrections and scales
+  applied after; the ops left become formulas in torch ops with eager's arithmetic.
+
 Weight-only quantization (int8 weights widened to float before a float matmul) is
 tori-int8-weight-matmul's (passes/int8_weight_matmul.py).
 
 Never changes: quantize/dequantize pairs whose quantized tensor is used otherwise
-(returned, or read by other ops), tensor-valued (dynamic) scales and zero points of
-activations, grouped or transposed convolutions, and graphs without these ops.
+(returned, or read by other ops), grouped or transposed convolutions, and graphs
+without these ops. Convolutions and 3-D matmuls of dynamically quantized activations
+run in float32 on the dequantized values.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import operator
 
 import torch
 import torch.fx
@@ -221,12 +230,114 @@ def _splice(gm: torch.fx.GraphModule, node: torch.fx.Node, fn, args: tuple) -> N
             if inner.op == "placeholder":
                 continue
             if inner.op == "output":
-                result = env[inner.args[0]]
+                result = inner.args[0]
                 break
             env[inner] = gm.graph.node_copy(inner, lambda n: env[n])
+    if isinstance(result, (tuple, list)):  # a tuple result: the node's getitem users take its parts
+        for user in list(node.users):
+            user.replace_all_uses_with(env[result[user.args[1]]])
+            gm.graph.erase_node(user)
+        gm.graph.erase_node(node)
+        return
+    result = env[result]
     result.meta.update({k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack", "source_fn_stack")})
     node.replace_all_uses_with(result)
     gm.graph.erase_node(node)
+
+
+def dynamic_int8_linear(q_input: torch.Tensor, input_scale: torch.Tensor, input_zero: torch.Tensor,
+                        input_dtype: torch.dtype, q_weight: torch.Tensor, weight_scale, weight_zero) -> torch.Tensor:
+    """dequantize(q_input) @ dequantize(q_weight).T for an activation quantized per call
+    (scale and zero point as tensors): an int8 x int8 -> int32 matmul, the zero points'
+    products subtracted with the operands' row sums, the scales applied after."""
+    if input_dtype == torch.uint8:  # the same values as int8 with the zero point shifted by 128
+        q_input = (q_input.to(torch.int16) - 128).to(torch.int8)
+        input_zero = input_zero - 128
+    depth = q_input.shape[1]
+    accumulated = torch._int_mm(q_input, q_weight.permute(1, 0))
+    input_zero, weight_zero = input_zero.to(torch.int32), torch.as_tensor(weight_zero).to(torch.int32)
+    rows = q_input.to(torch.int32).sum(1, keepdim=True)
+    columns = q_weight.to(torch.int32).sum(1)
+    exact = accumulated - weight_zero * rows - input_zero * columns + depth * input_zero * weight_zero
+    scale = input_scale.to(torch.float32) * torch.as_tensor(weight_scale).to(torch.float32)
+    return exact.to(torch.float32) * scale
+
+
+def _dynamic_linears(gm: torch.fx.GraphModule, qd) -> int:
+    """mm(dequantize_per_tensor.tensor(x), permute(dequantize(w_int8))) with 2-D operands
+    becomes `dynamic_int8_linear`."""
+    rewritten = 0
+    for node in list(gm.graph.nodes):
+        if not _is(node, aten.mm.default):
+            continue
+        x, transposed = node.args
+        if not _is(x, qd.dequantize_per_tensor.tensor) or len(x.args) != 6 or x.kwargs.get("out_dtype") not in (
+                None, torch.float32):
+            continue
+        q_input, scale, zero, low, high, dtype = x.args
+        if dtype not in (torch.int8, torch.uint8) or (low, high) != ((-128, 127) if dtype == torch.int8 else (0, 255)):
+            continue
+        if not _is(transposed, aten.permute.default) or list(transposed.args[1]) != [1, 0]:
+            continue
+        w = transposed.args[0]
+        if _is(w, qd.dequantize_per_channel.default) and len(w.args) >= 7 and w.args[3] == 0 and \
+                w.args[6] == torch.int8 and (len(w.args) == 7 or w.args[7] in (None, torch.float32)):
+            q_weight, w_scale, w_zero = w.args[:3]
+        elif _is(w, qd.dequantize_per_tensor.default) and len(w.args) >= 6 and w.args[5] == torch.int8 and \
+                (len(w.args) == 6 or w.args[6] in (None, torch.float32)):
+            q_weight, w_scale, w_zero = w.args[:3]
+        else:
+            continue
+        if _rank(q_input) != 2 or _rank(q_weight) != 2 or w.kwargs:
+            continue
+        _splice(gm, node, dynamic_int8_linear, (q_input, scale, zero, dtype, q_weight, w_scale, w_zero))
+        rewritten += 1
+    return rewritten
+
+
+def choose_qparams(x, quant_min, quant_max, eps, dtype):
+    """`quantized_decomposed.choose_qparams.tensor` in torch ops, with eager's arithmetic."""
+    low, high = aten.aminmax.default(x)
+    low = torch.minimum(low, torch.zeros_like(low))
+    high = torch.maximum(high, torch.zeros_like(high))
+    scale = (high - low) / float(quant_max - quant_min)
+    scale = torch.maximum(scale, torch.full_like(scale, eps))
+    zero_point = quant_min - torch.round(low / scale).to(torch.int32)
+    zero_point = torch.clamp(zero_point, quant_min, quant_max)
+    return scale.reshape(1).to(torch.float64), zero_point.reshape(1).to(torch.int64)
+
+
+def quantize_per_tensor(x, scale, zero_point, quant_min, quant_max, dtype):
+    """`quantize_per_tensor.tensor`: the inverse scale rounded to the input's dtype, as eager."""
+    inverse = (1.0 / scale).to(x.dtype)
+    return torch.clamp(torch.round(x * inverse) + zero_point.to(x.dtype), quant_min, quant_max).to(dtype)
+
+
+def dequantize_per_tensor(q, scale, zero_point, quant_min, quant_max, dtype, *, out_dtype=None):
+    out_dtype = out_dtype or torch.float32
+    return (q.to(out_dtype) - zero_point.to(out_dtype)) * scale.to(out_dtype)
+
+
+def _dynamic_formulas(gm: torch.fx.GraphModule, qd) -> int:
+    """The per-call quantization ops left after `_dynamic_linears`, as formulas: Torch-MLIR
+    imports none of them, and their PyTorch kernels read the tensors with `.item()`."""
+    formulas = {qd.choose_qparams.tensor: choose_qparams, qd.quantize_per_tensor.tensor: quantize_per_tensor,
+                qd.dequantize_per_tensor.tensor: dequantize_per_tensor}
+    rewritten = 0
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target in formulas and node.users:
+            fn = formulas[node.target]
+            kwargs = dict(node.kwargs)
+            _splice(gm, node, (lambda *a, fn=fn, kwargs=kwargs: fn(*a, **kwargs)), tuple(node.args))
+            rewritten += 1
+    return rewritten
+
+
+def _erase_unused(gm: torch.fx.GraphModule) -> None:
+    for node in reversed(list(gm.graph.nodes)):
+        if node.op == "call_function" and not node.users and (
+                getattr(node.target, "namespace", None) == "quantized_decomposed" or node.target is operator.getitem):
+            gm.graph.erase_node(node)
 
 
 def rewrite_quantized(gm: torch.fx.GraphModule) -> int:
@@ -237,12 +348,12 @@ def rewrite_quantized(gm: torch.fx.GraphModule) -> int:
     qd = _ops()
     if qd is None:
         return 0
-    rewritten = _signed_activations(gm, qd) + _integer_convolutions(gm, qd)
+    rewritten = _signed_activations(gm, qd) + _integer_convolutions(gm, qd) + _dynamic_linears(gm, qd)
+    if rewritten:  # the quantize ops whose dequantize the rewrites replaced
+        _erase_unused(gm)
+    rewritten += _dynamic_formulas(gm, qd)
     if rewritten:
-        for node in reversed(list(gm.graph.nodes)):
-            if node.op == "call_function" and not node.users and getattr(node.target, "namespace", None) == \
-                    "quantized_decomposed":
-                gm.graph.erase_node(node)
+        _erase_unused(gm)
         gm.recompile()
         log.debug("rewrote %d quantized patterns", rewritten)
     return rewritten

@@ -43,4 +43,3 @@ from tori.frontend.decomp import histogram  # noqa: F401
 from tori.frontend.decomp import qr  # noqa: F401
 from tori.frontend.decomp import spectral  # noqa: F401
 from tori.frontend.decomp import grouped_conv  # noqa: F401
-from tori.frontend.decomp import quantization  # noqa: F401
