@@ -207,8 +207,13 @@ def owner_named(value: ir.Value, name: str) -> ir.Operation | None:
     return owner if isinstance(owner, ir.Operation) and owner.name == name else None
 
 
+def _static_sizes(value: ir.Value) -> list[int]:
+    """The sizes of a static `!torch.vtensor` value."""
+    return [int(d) for d in re.match(r"^!torch\.vtensor<\[([0-9,]+)\]", str(value.type)).group(1).split(",")]
+
+
 def _builtin(value: ir.Value, element: ir.Type) -> ir.Value:
-    shape = [int(d) for d in re.match(r"^!torch\.vtensor<\[([0-9,]+)\]", str(value.type)).group(1).split(",")]
+    shape = _static_sizes(value)
     return ir.Operation.create("torch_c.to_builtin_tensor", operands=[value],
                                results=[ir.RankedTensorType.get(shape, element)]).results[0]
 
@@ -229,7 +234,7 @@ def call_private_function(module: ir.Operation, op: ir.Operation, name: str, tex
         function.detach_from_parent()
         body.append(function)
     result = op.results[0]
-    shape = [int(d) for d in re.match(r"^!torch\.vtensor<\[([0-9,]+)\]", str(result.type)).group(1).split(",")]
+    shape = _static_sizes(result)
     with ir.InsertionPoint(op), op.location:
         builtins = [_builtin(value, element) for value, element in zip(operands, elements)]
         call = ir.Operation.create("func.call", operands=builtins, results=[ir.RankedTensorType.get(shape, ir.F32Type.get())],
