@@ -6,22 +6,26 @@ As `mm(x, permute(convert(w_int8, f32)))`, IREE formed a dispatch of its own for
 widening: every call wrote the float32 weight out and the matmul read it back (with
 data tiling, packed as well), so a decoding step read 5x the int8 weight's bytes and
 took longer than the float32 model's (docs/quantization.md). As one `linalg.generic`
-over [M, N] x [K] with `arith.sitofp` on the weight inside, the weight is read once,
-as int8. The weight is transposed to [K, N] first, so that the contraction runs
-along N in vector lanes: a 32000x512 matvec took 2.43 ms reading [N, K] rows, 0.54
-ms reading [K, N] (one thread; float32's 2.1 ms). For a resident weight IREE hoists
-the transpose into the module's initializer: it runs once.
+with `arith.sitofp` on the weight inside, the weight is read once, as int8.
 
-Rewrites: `torch.aten.mm` of a static [M, K] float32 matrix and
+The contraction reads the weight packed in blocks of 16 rows, [ceil(N/16), K, 16]
+(`linalg.pack`, zero rows padding the last block): each block is one contiguous run
+of memory whose rows lie in the vector lanes. For a resident weight IREE hoists the
+pack into the module's initializer: it runs once. A matvec of [512] by 128 MB of
+int8 weights (beyond the caches; 2 threads): 16.2 ms reading a [K, N] copy (the
+rows of a vector's lanes a page apart), 5.97 ms reading blocks; reading [N, K] rows,
+reduced along K, is slower still (32000x512: 2.77 ms, [K, N] 0.42). And IREE keeps
+a pack as it is, where it folded a [K, N] transpose back into the contraction's
+indexing map unless its transpose propagation was turned off for the whole module.
+
+Rewrites: `torch.aten.mm` of a static [M, K] float32 matrix (M at most MAX_ROWS) and
 `torch.aten.permute([1, 0])` of `torch.prims.convert_element_type(w, float32)` (or
 the two the other way round) with `w` a static [N, K] int8 tensor, into a call of a
 private function of builtin tensors (one per shape), `torch_c` casts around the
-call. IREE would fold the transpose back into the contraction's indexing map: the
-code generation rule for graphs with such matmuls turns its transpose propagation
-off (targets/codegen.py). The compile runs this pass
-before IREE whatever the pipeline (`lower_for_iree`).
+call. The compile runs this pass before IREE whatever the pipeline (`lower_for_iree`).
 
-Never changes: other matmuls, widenings of other integer types, and dynamic shapes.
+Never changes: other matmuls, matmuls of more than MAX_ROWS rows, widenings of other
+integer types, and dynamic shapes.
 
 Example:
     %c = torch.prims.convert_element_type %w, %int6 : !torch.vtensor<[256,512],si8>, !torch.int -> !torch.vtensor<[256,512],f32>
@@ -43,6 +47,11 @@ from tori.passes.registry import register_pass
 
 PASS_NAME = "tori-int8-weight-matmul"
 
+BLOCK = 16  # weight rows per block of the packed layout
+# Above this many rows of x, IREE's data-tiled float32 matmul over the weight widened
+# per call is faster (a [M, 512] x [512, 1408] product: M = 128, 1.14 ms as one
+# contraction over the int8 blocks against 1.32 widened; M = 256, 2.88 against 1.38).
+MAX_ROWS = 128
 _VTENSOR = re.compile(r"^!torch\.vtensor<\[([0-9,]+)\],(f32|si8)>$")
 
 
@@ -63,25 +72,37 @@ class Int8WeightMatmul:
 
     def function(self) -> str:
         m, k, n = self.m, self.k, self.n
-        return "\n".join([
+        blocks = -(-n // BLOCK)
+        padded = blocks * BLOCK
+        lines = [
             f"func.func private @{self.name}(%x: tensor<{m}x{k}xf32>, %w: tensor<{n}x{k}xi8>) -> tensor<{m}x{n}xf32> {{",
             "  %zero = arith.constant 0.0 : f32",
-            f"  %t0 = tensor.empty() : tensor<{k}x{n}xi8>",
-            f"  %t = linalg.transpose ins(%w : tensor<{n}x{k}xi8>) outs(%t0 : tensor<{k}x{n}xi8>) permutation = [1, 0]",
-            f"  %e = tensor.empty() : tensor<{m}x{n}xf32>",
-            f"  %f = linalg.fill ins(%zero : f32) outs(%e : tensor<{m}x{n}xf32>) -> tensor<{m}x{n}xf32>",
-            "  %y = linalg.generic {indexing_maps = [affine_map<(m, n, k) -> (m, k)>, affine_map<(m, n, k) -> (k, n)>, "
-            "affine_map<(m, n, k) -> (m, n)>], iterator_types = [\"parallel\", \"parallel\", \"reduction\"]} "
-            f"ins(%x, %t : tensor<{m}x{k}xf32>, tensor<{k}x{n}xi8>) outs(%f : tensor<{m}x{n}xf32>) {{",
-            "  ^bb0(%a: f32, %b: i8, %acc: f32):",
-            "    %bf = arith.sitofp %b : i8 to f32",
-            "    %p = arith.mulf %a, %bf : f32",
+            "  %zero_i8 = arith.constant 0 : i8",
+            f"  %b0 = tensor.empty() : tensor<{blocks}x{k}x{BLOCK}xi8>",
+            f"  %b = linalg.pack %w padding_value(%zero_i8 : i8) inner_dims_pos = [0] inner_tiles = [{BLOCK}] into %b0 "
+            f": tensor<{n}x{k}xi8> -> tensor<{blocks}x{k}x{BLOCK}xi8>",
+            f"  %e = tensor.empty() : tensor<{m}x{blocks}x{BLOCK}xf32>",
+            f"  %f = linalg.fill ins(%zero : f32) outs(%e : tensor<{m}x{blocks}x{BLOCK}xf32>) "
+            f"-> tensor<{m}x{blocks}x{BLOCK}xf32>",
+            "  %y = linalg.generic {indexing_maps = [affine_map<(m, b, i, k) -> (m, k)>, "
+            "affine_map<(m, b, i, k) -> (b, k, i)>, affine_map<(m, b, i, k) -> (m, b, i)>], "
+            "iterator_types = [\"parallel\", \"parallel\", \"parallel\", \"reduction\"]} "
+            f"ins(%x, %b : tensor<{m}x{k}xf32>, tensor<{blocks}x{k}x{BLOCK}xi8>) "
+            f"outs(%f : tensor<{m}x{blocks}x{BLOCK}xf32>) {{",
+            "  ^bb0(%a: f32, %v: i8, %acc: f32):",
+            "    %vf = arith.sitofp %v : i8 to f32",
+            "    %p = arith.mulf %a, %vf : f32",
             "    %s = arith.addf %acc, %p : f32",
             "    linalg.yield %s : f32",
-            f"  }} -> tensor<{m}x{n}xf32>",
-            f"  return %y : tensor<{m}x{n}xf32>",
-            "}",
-        ])
+            f"  }} -> tensor<{m}x{blocks}x{BLOCK}xf32>",
+            f"  %r = tensor.collapse_shape %y [[0], [1, 2]] : tensor<{m}x{blocks}x{BLOCK}xf32> into tensor<{m}x{padded}xf32>",
+        ]
+        if padded == n:
+            lines.append(f"  return %r : tensor<{m}x{n}xf32>")
+        else:
+            lines += [f"  %c = tensor.extract_slice %r[0, 0] [{m}, {n}] [1, 1] : tensor<{m}x{padded}xf32> to tensor<{m}x{n}xf32>",
+                      f"  return %c : tensor<{m}x{n}xf32>"]
+        return "\n".join([*lines, "}"])
 
 
 def int8_weight_of(value: ir.Value) -> ir.Value | None:
@@ -112,7 +133,7 @@ def matmul_form(op: ir.Operation) -> tuple[Int8WeightMatmul, ir.Value] | None:
     if lhs is None or rhs is None or out is None or lhs[1] != "f32" or rhs[1] != "si8" or out[1] != "f32":
         return None
     (m, k), (n, k_weight) = lhs[0], rhs[0]
-    if k != k_weight or out[0] != [m, n]:
+    if k != k_weight or out[0] != [m, n] or m > MAX_ROWS:
         return None
     return Int8WeightMatmul(m, k, n), weight
 

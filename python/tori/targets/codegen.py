@@ -31,7 +31,6 @@ class Family(str, enum.Enum):
     CONV2D = "convolution"          # 2-D, one group, not transposed
     GROUPED_CONV = "grouped convolution"  # depthwise and other grouped 2-D convolutions
     MATMUL = "matmul"               # mm, addmm, bmm, baddbmm (linear layers and attention)
-    INT8_WEIGHT_MATMUL = "int8-weight matmul"  # mm against an int8 weight widened to float (weight-only quantization)
 
     def __str__(self) -> str:
         return self.value
@@ -61,7 +60,6 @@ _DATA_TILING = "--iree-opt-data-tiling=true"
 # dispatch fails to encode) compiles with it: 6-block transformer, width 256, 64 tokens,
 # batch 8, one thread, backward 168 ms with IREE's defaults, 114 with it (eager 79).
 _GLOBAL_DATA_TILING = "--iree-global-opt-data-tiling"
-_KEEP_TRANSPOSES = "--iree-global-opt-propagate-transposes=false"
 
 # Measured with benchmarks/bench_models.py and iree-profile (docs/performance.md,
 # "Code generation per op family"); batch 1, 224x224 images, 2 cores.
@@ -72,12 +70,6 @@ RULES: tuple[Rule, ...] = (
                   "tiling too (eager 17.6; Xeon with AVX-512, 2026-12-01), 541 -> 76 ms on an AVX2 EPYC; but the "
                   "benchmarks' cnn_bn (0.045 GFLOP, 16-64 channels at 32x32) 0.51 -> 1.21 ms, so small graphs keep "
                   "the default"),
-    Rule(Target.CPU, Family.INT8_WEIGHT_MATMUL, "int8 weights read in place, transposed once",
-         flags=(_KEEP_TRANSPOSES,),
-         evidence="weight-only int8 Llama decoding step (tori-int8-weight-matmul): IREE folded the weight's "
-                  "transpose back into the contraction, which then read [N, K] rows, 2.74 ms of dispatches per "
-                  "step; with transposes kept it reads the [K, N] copy its initializer made, 1.19 ms (float32 "
-                  "3.4-3.8; a 32000x512 matvec 1.43 -> 0.65 ms)"),
     Rule(Target.CPU, Family.MATMUL, "data-tiled matmul", flags=(_DATA_TILING,),
          evidence="DeiT-tiny: 70.4 ms by default, 22.0 with data tiling (eager 12.6); a 1024 fp32 matmul "
                   "58 -> 156 GFLOP/s on an AVX2 EPYC"),
@@ -147,21 +139,6 @@ def _shape(node) -> tuple[int, ...] | None:
     return tuple(sizes) if all(isinstance(d, int) for d in sizes) else None
 
 
-def _int8_weight(node) -> bool:
-    """Whether `node` is an int8 tensor transposed and widened to float, in either order
-    (the operand tori-int8-weight-matmul makes one contraction of)."""
-    steps: list[str] = []
-    while isinstance(node, torch.fx.Node) and node.op == "call_function" and len(steps) < 2:
-        step = "widen" if node.target is torch.ops.prims.convert_element_type.default else \
-            "transpose" if node.target is _aten.permute.default else None
-        if step is None or step in steps:
-            break
-        steps.append(step)
-        node = node.args[0]
-    value = node.meta.get("val") if isinstance(node, torch.fx.Node) else None
-    return len(steps) == 2 and isinstance(value, torch.Tensor) and value.dtype == torch.int8
-
-
 def _conv_family(node: torch.fx.Node) -> Family | None:
     weight = _shape(node.args[1])
     transposed, groups = node.args[6], node.args[8]
@@ -192,8 +169,6 @@ def op_families(graphs: torch.fx.GraphModule | Iterable[torch.fx.GraphModule]) -
         family = None
         if node.target is _aten.convolution.default:
             family = _conv_family(node)
-        elif node.target is _aten.mm.default and _int8_weight(node.args[1]):
-            family = Family.INT8_WEIGHT_MATMUL
         elif node.target in _MATMULS:
             family = Family.MATMUL
         if family is not None:
