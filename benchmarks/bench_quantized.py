@@ -5,8 +5,10 @@
   the float32 one, both through tori, and eager's for both; agreement with eager's
   int8 model and with float32; the exported artifacts' sizes (external weights).
 - weight-only int8 decoding (torchao's Int8WeightOnlyConfig): transformers'
-  generate() with a static KV cache, ms per token, int8 against float32 through tori,
-  tokens against eager's weight-only model.
+  generate() with a static KV cache, ms per token (prefill and transformers' own
+  per-token Python included), int8 against float32 through tori, and the decoding
+  step alone (the compiled forward of one new token); tokens against eager's
+  weight-only model.
 - bf16 autocast: the float32 model compiled under `torch.autocast("cpu",
   dtype=torch.bfloat16)`, against eager's autocast: error and latency.
 
@@ -132,13 +134,15 @@ def measure_weight_only_decode(seconds: float, new_tokens: int = 32) -> dict:
     models = {"float32": model, "int8": int8}
     eager_forwards = {kind: m.forward for kind, m in models.items()}
     runs: dict[tuple[str, str], list[float]] = {}
+    steps: dict[tuple[str, str], list[float]] = {}
     tokens = {}
     for _ in range(3):
         for kind, m in models.items():
             for config in ("eager", "tori"):
                 torch._dynamo.reset()
-                m.forward = eager_forwards[kind] if config == "eager" else \
+                forward = eager_forwards[kind] if config == "eager" else \
                     torch.compile(eager_forwards[kind], backend="tori", options={"fallback": "error"})
+                m.forward = _timing_steps(forward, steps.setdefault((kind, config), []))
                 tokens[kind, config] = m.generate(prompt, **settings)
                 end = time.perf_counter() + seconds / 3
                 while time.perf_counter() < end or len(runs.get((kind, config), ())) < 3:
@@ -147,10 +151,23 @@ def measure_weight_only_decode(seconds: float, new_tokens: int = 32) -> dict:
                     runs.setdefault((kind, config), []).append((time.perf_counter() - start) / new_tokens * 1e3)
                 m.forward = eager_forwards[kind]
     ms = {f"{kind} {config}": statistics.median(v) for (kind, config), v in runs.items()}
-    return {"model": "llama_decode", "ms_per_token": ms,
+    step_ms = {f"{kind} {config}": statistics.median(v) * 1e3 for (kind, config), v in steps.items()}
+    return {"model": "llama_decode", "ms_per_token": ms, "decode_step_ms": step_ms,
             "int8_over_float32_tori": ms["int8 tori"] / ms["float32 tori"],
+            "int8_over_float32_tori_step": step_ms["int8 tori"] / step_ms["float32 tori"],
             "tokens_identical_to_eager_int8": torch.equal(tokens["int8", "tori"], expected),
             "weights_mb": {"float32": sum(p.numel() * p.element_size() for p in model.parameters()) / 1e6}}
+
+
+def _timing_steps(forward, times: list[float]):
+    """`forward`, recording the time of each decoding step (one new token) it runs."""
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        out = forward(*args, **kwargs)
+        if kwargs["input_ids"].shape[-1] == 1:
+            times.append(time.perf_counter() - start)
+        return out
+    return timed
 
 
 def _cpu_name() -> str:
@@ -189,9 +206,12 @@ def main() -> None:
         row = measure_weight_only_decode(args.seconds)
         results["decode"] = row
         ms = row["ms_per_token"]
+        step = row["decode_step_ms"]
         print(f"weight-only int8 decoding: tori int8 {ms['int8 tori']:.2f} ms/token, float32 {ms['float32 tori']:.2f}: "
               f"{row['int8_over_float32_tori']:.2f}x; eager int8 {ms['int8 eager']:.2f}, float32 "
-              f"{ms['float32 eager']:.2f}; tokens identical: {row['tokens_identical_to_eager_int8']}", flush=True)
+              f"{ms['float32 eager']:.2f}; the decoding step alone: tori int8 {step['int8 tori']:.2f} ms, float32 "
+              f"{step['float32 tori']:.2f}: {row['int8_over_float32_tori_step']:.2f}x; tokens identical: "
+              f"{row['tokens_identical_to_eager_int8']}", flush=True)
     results["machine"] = {"cpu": _cpu_name(), "cores": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
