@@ -105,6 +105,7 @@ class CompiledGraph:
             self._trials = [d for _ in range(TRIAL_CALLS_PER_DRIVER) for d in drivers]
             self._timings: dict[str, list[float]] = {d: [] for d in drivers}
             self._timed: tuple[str, float] | None = None  # the trial call whose period runs
+            self._round_open = True  # timed calls taken, or their periods not all ended
             self._trial_lock = threading.Lock()
             self._until_review = REVIEW_AFTER_CALLS
             self._call = self._call_measuring
@@ -167,28 +168,29 @@ class CompiledGraph:
         # race for the trial list nor time each other's calls. A trial call is timed
         # from its start to the start of the graph's next call: local-task's threads
         # also slow the caller's own work between calls (see TRIAL_CALLS_PER_DRIVER).
+        # Nothing here calls through `self._call`, which a caller may have wrapped.
         with self._trial_lock:
-            if self._call != self._call_measuring:  # another thread settled the round meanwhile
-                return self._call(args)
             now = time.perf_counter()
             if self._timed is not None:
                 driver, start = self._timed
                 self._timings[driver].append(now - start)
                 self._timed = None
-            if not self._trials:
+            if self._trials:
+                counters.compiled_calls += 1
+                driver = self._trials.pop(0)
+                self._timed = (driver, now)
+                return self._run(self._modules[driver], args)
+            if self._round_open:
                 self._settle()
-                return self._call(args)
-            counters.compiled_calls += 1
-            driver = self._trials.pop(0)
-            self._timed = (driver, now)
-            return self._run(self._modules[driver], args)
+        return self._call_until_review(args) if not self.driver_choice.final else self._call_active(args)
 
     def _call_until_review(self, args):
         self._until_review -= 1
         if self._until_review <= 0:
             with self._trial_lock:
-                if self._call == self._call_until_review:
+                if not self._round_open and not self.driver_choice.final:
                     self._trials = [d for _ in range(TRIAL_CALLS_PER_DRIVER) for d in self._modules]
+                    self._round_open = True
                     self._call = self._call_measuring
         return self._call_active(args)
 
@@ -204,10 +206,11 @@ class CompiledGraph:
         reason = f"median of {rounds * (per_round - 1)} timed calls each: {timings}"
         self.driver_choice = DriverChoice(best, reason, median, final)
         self._active = self._modules[best]
+        self._round_open = False
         if final:
             self._modules = {best: self._active}
             self._call = self._call_active
-            del self._trials, self._timings
+            self._timings = {}
         else:
             self._call = self._call_until_review
 
