@@ -105,7 +105,6 @@ class CompiledGraph:
             self._trials = [d for _ in range(TRIAL_CALLS_PER_DRIVER) for d in drivers]
             self._timings: dict[str, list[float]] = {d: [] for d in drivers}
             self._timed: tuple[str, float] | None = None  # the trial call whose period runs
-            self._round_open = True  # timed calls taken, or their periods not all ended
             self._trial_lock = threading.Lock()
             self._until_review = REVIEW_AFTER_CALLS
             self._call = self._call_measuring
@@ -175,22 +174,21 @@ class CompiledGraph:
                 driver, start = self._timed
                 self._timings[driver].append(now - start)
                 self._timed = None
+                if not self._trials:  # the round's last period: it is complete
+                    self._settle()
             if self._trials:
                 counters.compiled_calls += 1
                 driver = self._trials.pop(0)
                 self._timed = (driver, now)
                 return self._run(self._modules[driver], args)
-            if self._round_open:
-                self._settle()
         return self._call_until_review(args) if not self.driver_choice.final else self._call_active(args)
 
     def _call_until_review(self, args):
         self._until_review -= 1
         if self._until_review <= 0:
             with self._trial_lock:
-                if not self._round_open and not self.driver_choice.final:
+                if not self._trials and self._timed is None and not self.driver_choice.final:
                     self._trials = [d for _ in range(TRIAL_CALLS_PER_DRIVER) for d in self._modules]
-                    self._round_open = True
                     self._call = self._call_measuring
         return self._call_active(args)
 
@@ -206,7 +204,6 @@ class CompiledGraph:
         reason = f"median of {rounds * (per_round - 1)} timed calls each: {timings}"
         self.driver_choice = DriverChoice(best, reason, median, final)
         self._active = self._modules[best]
-        self._round_open = False
         if final:
             self._modules = {best: self._active}
             self._call = self._call_active
