@@ -16,6 +16,7 @@ import torch.fx
 from tori.cache import compile_cache, compile_key
 from tori.config import Options
 from tori.errors import CompileError
+from tori.frontend.complex_values import rewrite_complex
 from tori.frontend.importer import import_graph, new_importer, to_bytecode
 from tori.frontend.quantized import rewrite_quantized
 from tori.frontend.resident import make_resident, resident_args, with_resident
@@ -49,6 +50,8 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
     module = None
     invocation = None
     try:
+        gm = rewrite_complex(gm, record.name)  # a copy: the caller's graph stays complex for eager fallback
+        record.stages[Stage.ATEN] = gm.code
         check_element_types(gm, record.name)
         resident = resident_args(gm, record.kind, options, static_args, inspecting)
         with stage(record.name, "import to the torch dialect (Torch-MLIR)"):
@@ -126,7 +129,8 @@ def _compile_main_target(bytecode: bytes, options: Options, record: GraphRecord)
 def check_element_types(gm: torch.fx.GraphModule, graph: str) -> None:
     """Refuse complex and quantized tensors before Torch-MLIR and IREE see them:
     IREE's torch input lowering has no complex types (it fails naming an unrelated
-    op) and quantized tensors have no lowering at all."""
+    op; rewrite_complex turns them into real pairs first) and quantized tensors have
+    no lowering at all."""
     for node in gm.graph.nodes:
         value = node.meta.get("val")
         for tensor in value if isinstance(value, (list, tuple)) else (value,):

@@ -1,0 +1,573 @@
+"""Complex tensors as pairs of real ones: a rewrite of the functional ATen graph before
+import, since neither Torch-MLIR's lowering nor IREE's input handles complex types.
+
+A complex tensor of shape S becomes a real tensor of shape S + [2] holding (real,
+imaginary) in its last dim: `view_as_real`'s layout, so a complex graph input is
+passed as `view_as_real` of the caller's tensor, and a complex result is returned as
+`view_as_complex` of IREE's, both without a copy (runtime/compiled_graph.py). Each op
+on complex values is replaced by its rule (`_RULES`), traced to ATen ops on the real
+parts (make_fx) and spliced in. The rules:
+
+- ops linear in each complex operand and acting on positions only (views, slices,
+  concatenation, sums, padding, `where`, additions): the op applied to the real parts
+  and to the imaginary parts (`_PARTWISE`); a real operand's imaginary part is zero, a
+  complex scalar splits into its parts;
+- products (`mul`, `mm`, `bmm`, division): four real products;
+- conjugation, magnitude, phase, `exp`/`log`/`sqrt`, comparisons, conversions;
+- the FFT family (`_fft_r2c`, `_fft_c2c`, `_fft_c2r`): frontend/decomp/fourier.py.
+
+An op on complex values without a rule is refused with its name (UnsupportedOpError).
+Never changes a graph without complex values; the caller's graph is left as it was
+(eager fallback runs it), the rewrite is a copy.
+
+    view_as_complex(x: f32[4, 2]) * (1+2j)          ->  stack([x0 - 2 x1, 2 x0 + x1], -1)
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+
+from tori.errors import UnsupportedOpError
+from tori.frontend.decomp import fourier
+from tori.stages import Stage
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+# Node meta: the complex dtype a placeholder's real pair stands for; on the output
+# node, {output position: complex dtype} of the results returned as complex.
+COMPLEX_INPUT = "tori_complex"
+COMPLEX_OUTPUTS = "tori_complex_outputs"
+
+
+def real_dtype(dtype: torch.dtype) -> torch.dtype:
+    return dtype.to_real() if dtype.is_complex else dtype
+
+
+def as_pairs(value):
+    """A complex tensor as the real tensor tori passes for it (zero-copy where it can)."""
+    if isinstance(value, torch.Tensor) and value.is_complex():
+        return torch.view_as_real(value.resolve_conj())
+    return value
+
+
+class Complex:
+    """A complex tensor inside a rule: its real pair, shape S + [2]."""
+
+    __slots__ = ("pair",)
+
+    def __init__(self, pair: torch.Tensor):
+        self.pair = pair
+
+    @classmethod
+    def of(cls, re, im) -> "Complex":
+        if not isinstance(re, torch.Tensor):
+            re = torch.full_like(im, re)
+        elif not isinstance(im, torch.Tensor):
+            im = torch.full_like(re, im)
+        re, im = torch.broadcast_tensors(re, im)
+        return cls(torch.stack([re, im], -1))
+
+    @property
+    def re(self) -> torch.Tensor:
+        return self.pair[..., 0]
+
+    @property
+    def im(self) -> torch.Tensor:
+        return self.pair[..., 1]
+
+
+def _is_complex_value(value) -> bool:
+    return isinstance(value, (Complex, complex))
+
+
+def _real_part(value):
+    if isinstance(value, Complex):
+        return value.re
+    if isinstance(value, complex):
+        return value.real
+    return value
+
+
+def _imaginary_part(value):
+    """The imaginary part of an operand of an op linear in it: zero for real values;
+    integer and boolean tensors (indices, masks) are not operands and stay."""
+    if isinstance(value, Complex):
+        return value.im
+    if isinstance(value, complex):
+        return value.imag
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return torch.zeros_like(value)
+    if isinstance(value, float):
+        return 0.0
+    return value
+
+
+def _real_dtype_kwargs(kwargs: dict) -> dict:
+    return {k: real_dtype(v) if isinstance(v, torch.dtype) else v for k, v in kwargs.items()}
+
+
+def _parts(value) -> tuple[Any, Any]:
+    """(re, im) of an operand of a product: real tensors and scalars have im None."""
+    if isinstance(value, Complex):
+        return value.re, value.im
+    if isinstance(value, complex):
+        return value.real, value.imag
+    return value, None
+
+
+# ---------------------------------------------------------------------------------
+# Rules: rule(op, *args, **kwargs) with complex tensors as Complex; returns Complex,
+# real tensors, or lists of them.
+
+_RULES: dict[Any, Callable] = {}
+
+
+def _rule(*ops):
+    def register(fn):
+        for op in ops:
+            _RULES[op] = fn
+        return fn
+    return register
+
+
+def _partwise(op, *args, **kwargs):
+    kwargs = _real_dtype_kwargs(kwargs)
+    leaves, spec = pytree.tree_flatten((args, kwargs))
+    re_args, re_kwargs = pytree.tree_unflatten([_real_part(v) for v in leaves], spec)
+    im_args, im_kwargs = pytree.tree_unflatten([_imaginary_part(v) for v in leaves], spec)
+    re, im = op(*re_args, **re_kwargs), op(*im_args, **im_kwargs)
+    if isinstance(re, (list, tuple)):
+        return [Complex.of(r, i) for r, i in zip(re, im)]
+    return Complex.of(re, im)
+
+
+_PARTWISE = [
+    # views and copies
+    aten.view, aten._unsafe_view, aten.reshape, aten.permute, aten.transpose, aten.t, aten.expand,
+    aten.unsqueeze, aten.squeeze, prims.squeeze, aten.select, aten.slice, aten.narrow, aten.flip, aten.roll,
+    aten.clone, aten.alias, aten.contiguous, aten.unfold, aten.repeat, aten.diagonal, aten.diag_embed,
+    aten.tril, aten.triu, aten.split, aten.split_with_sizes, aten.unbind, aten.chunk, aten.movedim,
+    aten.index, aten._unsafe_index, aten.index_select, aten.gather, aten.take_along_dim, aten.expand_copy,
+    aten.view_copy, aten.permute_copy, aten.slice_copy, aten.select_copy, aten.unsqueeze_copy, aten.squeeze_copy,
+    aten.transpose_copy, aten.lift_fresh_copy, aten.detach, prims.broadcast_in_dim, prims.collapse_view,
+    prims.split_dim,
+    # writes of one tensor into another, selections between values
+    aten.cat, aten.stack, aten.where, aten.slice_scatter, aten.select_scatter, aten.index_put, aten.masked_fill,
+    aten.constant_pad_nd, aten.copy, aten.index_copy, aten.index_add, aten.scatter, aten.scatter_add,
+    aten.masked_scatter, aten.diagonal_scatter,
+    # factories and fills (the fill value splits)
+    aten.full, aten.full_like, aten.zeros, aten.zeros_like, aten.ones_like, aten.empty, aten.empty_like,
+    aten.empty_strided, aten.new_zeros, aten.new_empty, aten.new_full, aten.fill, aten.scalar_tensor,
+    prims.full,
+    # linear arithmetic
+    aten.add, aten.sub, aten.neg, aten.sum, aten.mean, aten.cumsum, aten.trace, aten.rsub,
+]
+for _op in _PARTWISE:
+    _RULES[_op] = _partwise
+
+
+@_rule(aten.ones, aten.new_ones)
+def _ones(op, *args, **kwargs):
+    one = op(*args, **_real_dtype_kwargs(kwargs))
+    return Complex.of(one, torch.zeros_like(one))
+
+
+def _product(op, a, b, **kwargs):
+    (ar, ai), (br, bi) = _parts(a), _parts(b)
+    if ai is None:
+        return Complex.of(op(ar, br, **kwargs), op(ar, bi, **kwargs))
+    if bi is None:
+        return Complex.of(op(ar, br, **kwargs), op(ai, br, **kwargs))
+    return Complex.of(op(ar, br, **kwargs) - op(ai, bi, **kwargs), op(ar, bi, **kwargs) + op(ai, br, **kwargs))
+
+
+_rule(aten.mul, aten.mm, aten.bmm, aten.matmul, aten.mv, aten.dot, aten.outer, aten.kron)(_product)
+
+
+@_rule(aten.addmm, aten.baddbmm)
+def _add_product(op, bias, a, b, *, beta=1, alpha=1):
+    product = _product(aten.bmm if op is aten.baddbmm.default else aten.mm, a, b)
+    scaled = _product(aten.mul, product, alpha)
+    return _partwise(aten.add, scaled, _product(aten.mul, bias, beta) if bias is not None else 0.0)
+
+
+@_rule(aten.div)
+def _divide(op, a, b, *, rounding_mode=None):
+    if rounding_mode is not None:
+        raise NotImplementedError("complex division with a rounding mode")
+    (ar, ai), (br, bi) = _parts(a), _parts(b)
+    if bi is None:
+        return Complex.of(ar / br, (ai if ai is not None else torch.zeros_like(ar)) / br)
+    denominator = br * br + bi * bi
+    if ai is None:
+        return Complex.of(ar * br / denominator, -ar * bi / denominator)
+    return Complex.of((ar * br + ai * bi) / denominator, (ai * br - ar * bi) / denominator)
+
+
+@_rule(aten.reciprocal)
+def _reciprocal(op, z):
+    return _divide(aten.div, 1.0, z)
+
+
+@_rule(aten._conj, aten.conj, aten.conj_physical, aten._conj_copy)
+def _conjugate(op, z):
+    return Complex.of(z.re, -z.im)
+
+
+@_rule(aten.resolve_conj, aten.resolve_neg, aten._neg_view)
+def _resolved(op, z):
+    # Graphs hold values, not the conjugation bit: resolving changes nothing (_neg_view negates).
+    return Complex.of(-z.re, -z.im) if op is aten._neg_view.default else z
+
+
+@_rule(aten.view_as_complex)
+def _view_as_complex(op, x):
+    return Complex(x)
+
+
+@_rule(aten.view_as_real, aten.view_as_real_copy)
+def _view_as_real(op, z):
+    return z.pair
+
+
+@_rule(aten.real)
+def _real(op, z):
+    return z.re
+
+
+@_rule(aten.imag)
+def _imag(op, z):
+    return z.im
+
+
+@_rule(aten.complex)
+def _complex(op, re, im):
+    return Complex.of(re, im)
+
+
+@_rule(aten.polar)
+def _polar(op, magnitude, angle):
+    return Complex.of(magnitude * torch.cos(angle), magnitude * torch.sin(angle))
+
+
+@_rule(aten.abs)
+def _abs(op, z):
+    return torch.hypot(z.re, z.im)
+
+
+@_rule(aten.angle)
+def _angle(op, z):
+    return torch.atan2(z.im, z.re)
+
+
+@_rule(aten.sgn)
+def _sgn(op, z):
+    magnitude = torch.hypot(z.re, z.im)
+    safe = torch.where(magnitude == 0, 1.0, magnitude)
+    return Complex.of(torch.where(magnitude == 0, 0.0, z.re / safe), torch.where(magnitude == 0, 0.0, z.im / safe))
+
+
+@_rule(aten.exp)
+def _exp(op, z):
+    scale = torch.exp(z.re)
+    return Complex.of(scale * torch.cos(z.im), scale * torch.sin(z.im))
+
+
+@_rule(aten.log)
+def _log(op, z):
+    return Complex.of(torch.log(torch.hypot(z.re, z.im)), torch.atan2(z.im, z.re))
+
+
+@_rule(aten.sqrt)
+def _sqrt(op, z):
+    # The principal root: re = sqrt((|z| + x) / 2), im = sign(y) sqrt((|z| - x) / 2).
+    magnitude = torch.hypot(z.re, z.im)
+    re = torch.sqrt(torch.clamp((magnitude + z.re) / 2, min=0))
+    im = torch.sqrt(torch.clamp((magnitude - z.re) / 2, min=0))
+    return Complex.of(re, torch.where(torch.signbit(z.im), -im, im))
+
+
+@_rule(aten.sin, aten.cos, aten.sinh, aten.cosh)
+def _trigonometric(op, z):
+    x, y = z.re, z.im
+    name = op.overloadpacket
+    if name is aten.sin:  # sin(x + iy) = sin x cosh y + i cos x sinh y
+        return Complex.of(torch.sin(x) * torch.cosh(y), torch.cos(x) * torch.sinh(y))
+    if name is aten.cos:
+        return Complex.of(torch.cos(x) * torch.cosh(y), -torch.sin(x) * torch.sinh(y))
+    if name is aten.sinh:
+        return Complex.of(torch.sinh(x) * torch.cos(y), torch.cosh(x) * torch.sin(y))
+    return Complex.of(torch.cosh(x) * torch.cos(y), torch.sinh(x) * torch.sin(y))
+
+
+@_rule(aten.pow)
+def _pow(op, base, exponent):
+    if isinstance(exponent, int) and 0 <= exponent <= 8 and not isinstance(base, (int, float, complex)):
+        result = Complex.of(torch.ones_like(_parts(base)[0]), torch.zeros_like(_parts(base)[0]))
+        for _ in range(exponent):
+            result = _product(aten.mul, result, base)
+        return result
+    if not isinstance(base, Complex):
+        raise NotImplementedError("a complex exponent")
+    return _exp(aten.exp, _product(aten.mul, _log(aten.log, base), exponent))
+
+
+@_rule(aten.eq, aten.ne)
+def _equal(op, a, b):
+    (ar, ai), (br, bi) = _parts(a), _parts(b)
+    if ai is None:
+        (ar, ai), (br, bi) = (br, bi), (ar, ai)  # the complex operand first
+    same = torch.eq(ar, br) & torch.eq(ai, bi if bi is not None else 0.0)
+    return same if op.overloadpacket is aten.eq else ~same
+
+
+@_rule(aten.isnan)
+def _isnan(op, z):
+    return torch.isnan(z.re) | torch.isnan(z.im)
+
+
+@_rule(aten.isinf)
+def _isinf(op, z):
+    return torch.isinf(z.re) | torch.isinf(z.im)
+
+
+@_rule(aten.isfinite)
+def _isfinite(op, z):
+    return torch.isfinite(z.re) & torch.isfinite(z.im)
+
+
+def _convert(x, dtype: torch.dtype):
+    if not dtype.is_complex:
+        return (x.re if isinstance(x, Complex) else x).to(dtype)
+    if isinstance(x, Complex):
+        return Complex(x.pair.to(real_dtype(dtype)))
+    x = x.to(real_dtype(dtype))
+    return Complex.of(x, torch.zeros_like(x))
+
+
+@_rule(prims.convert_element_type)
+def _convert_element_type(op, x, dtype):
+    return _convert(x, dtype)
+
+
+@_rule(aten._to_copy)
+def _to_copy(op, x, *, dtype=None, **kwargs):
+    if dtype is None:
+        return Complex(x.pair.clone())
+    return _convert(x, dtype)
+
+
+@_rule(aten._fft_c2c)
+def _fft_c2c(op, z, dim, normalization, forward):
+    return Complex.of(*fourier.c2c((z.re, z.im), list(dim), normalization, forward))
+
+
+@_rule(aten._fft_r2c)
+def _fft_r2c(op, x, dim, normalization, onesided):
+    return Complex.of(*fourier.r2c(x, list(dim), normalization, onesided))
+
+
+@_rule(aten._fft_c2r)
+def _fft_c2r(op, z, dim, normalization, last_dim_size):
+    return fourier.c2r((z.re, z.im), list(dim), normalization, last_dim_size)
+
+
+# ---------------------------------------------------------------------------------
+# The rewrite.
+
+def _value(node) -> Any:
+    return node.meta.get("val", node.meta.get("example_value")) if isinstance(node, torch.fx.Node) else node
+
+
+def _complex_tensor(value) -> bool:
+    return isinstance(value, torch.Tensor) and value.is_complex()
+
+
+def _involves_complex(node: torch.fx.Node, pairs: dict) -> bool:
+    value = _value(node)
+    values = value if isinstance(value, (list, tuple)) else (value,)
+    if any(_complex_tensor(v) for v in values):
+        return True
+    leaves = pytree.tree_leaves((node.args, node.kwargs))
+    return any(isinstance(leaf, torch.fx.Node) and leaf in pairs for leaf in leaves) or \
+        any(isinstance(leaf, torch.dtype) and leaf.is_complex for leaf in leaves)
+
+
+def has_complex(gm: torch.fx.GraphModule) -> bool:
+    for node in gm.graph.nodes:
+        value = _value(node)
+        if any(_complex_tensor(v) for v in (value if isinstance(value, (list, tuple)) else (value,))):
+            return True
+    return False
+
+
+def rewrite_complex(gm: torch.fx.GraphModule, graph_name: str = "") -> torch.fx.GraphModule:
+    """`gm` with its complex values as real pairs (a new GraphModule), or `gm` itself
+    when it has none. Raise UnsupportedOpError for an op on complex values without a
+    rule, or one its rule does not cover (its arguments)."""
+    if not has_complex(gm):
+        return gm
+    from torch._guards import detect_fake_mode
+
+    new = torch.fx.GraphModule(gm, _copied(gm.graph))
+    graph = new.graph
+    fake_mode = detect_fake_mode([_value(n) for n in graph.nodes]) or torch._subclasses.FakeTensorMode()
+    pairs: dict[torch.fx.Node, Any] = {}  # complex node -> its pair node (or list of them)
+    replaced: list[torch.fx.Node] = []
+    for node in list(graph.nodes):
+        if node.op == "placeholder" and _complex_tensor(_value(node)):
+            _retype_placeholder(node, fake_mode)
+            pairs[node] = node
+        elif node.op == "get_attr" and _complex_tensor(getattr(new, node.target, None)):
+            setattr(new, node.target, torch.view_as_real(getattr(new, node.target).resolve_conj()).clone())
+            with fake_mode:
+                node.meta["val"] = torch.view_as_real(node.meta["val"]) if "val" in node.meta else None
+            pairs[node] = node
+        elif node.op == "call_function" and _involves_complex(node, pairs):
+            if node.target is operator.getitem and node.args[0] in pairs:
+                pairs[node] = pairs[node.args[0]][node.args[1]]
+                replaced.append(node)
+                continue
+            _splice(graph, node, pairs, fake_mode, graph_name)
+            replaced.append(node)
+        elif node.op == "output":
+            outputs = node.args[0]
+            flat = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+            kinds = {i: _value(o).dtype for i, o in enumerate(flat) if isinstance(o, torch.fx.Node) and o in pairs}
+            flat = [pairs.get(o, o) if isinstance(o, torch.fx.Node) else o for o in flat]
+            node.args = (type(outputs)(flat) if isinstance(outputs, (list, tuple)) else flat[0],)
+            node.meta[COMPLEX_OUTPUTS] = kinds
+        elif node.op not in ("placeholder", "get_attr", "call_function", "output") and _involves_complex(node, pairs):
+            raise UnsupportedOpError(f"complex values in a {node.op} node", stage=Stage.TORCH.value,
+                                     graph=graph_name, op=str(node.target))
+    for node in reversed(replaced):
+        graph.erase_node(node)
+    graph.lint()
+    new.recompile()
+    return new
+
+
+def _copied(graph: torch.fx.Graph) -> torch.fx.Graph:
+    copied = torch.fx.Graph()
+    output = copied.graph_copy(graph, {})
+    copied.output(output)
+    for old, new in zip(graph.nodes, copied.nodes):
+        new.meta = dict(old.meta)
+    return copied
+
+
+def _retype_placeholder(node: torch.fx.Node, fake_mode) -> None:
+    from torch.fx.passes.shape_prop import _extract_tensor_metadata
+
+    value = _value(node)
+    with fake_mode:
+        pair = torch.view_as_real(value.resolve_conj() if value.is_conj() else value)
+        pair = torch.empty_strided(pair.shape, pair.stride(), dtype=pair.dtype, device=pair.device) \
+            if not pair.is_contiguous() else pair
+    node.meta["val"] = pair
+    node.meta.pop("example_value", None)
+    if "tensor_meta" in node.meta:
+        node.meta["tensor_meta"] = _extract_tensor_metadata(pair)
+    node.meta[COMPLEX_INPUT] = value.dtype
+
+
+def _op_name(node: torch.fx.Node) -> str:
+    return f"aten {getattr(node.target, '__name__', node.target)}"
+
+
+def _splice(graph: torch.fx.Graph, node: torch.fx.Node, pairs: dict, fake_mode, graph_name: str) -> None:
+    """Replace `node` by its rule traced to ATen ops on real parts."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from tori.frontend.decompositions import decomposition_table
+
+    op = node.target
+    rule = _RULES.get(op) or (_RULES.get(op.overloadpacket) if hasattr(op, "overloadpacket") else None)
+    if rule is None:
+        raise UnsupportedOpError(f"{_op_name(node)} on complex values has no rule in tori "
+                                 "(frontend/complex_values.py)", stage=Stage.TORCH.value, graph=graph_name,
+                                 op=_op_name(node))
+    leaves, spec = pytree.tree_flatten((node.args, node.kwargs))
+    inputs = []  # (leaf index, graph node, whether complex)
+    for i, leaf in enumerate(leaves):
+        if isinstance(leaf, torch.fx.Node):
+            mapped = pairs.get(leaf, leaf)
+            if isinstance(mapped, list):
+                raise UnsupportedOpError(f"{_op_name(node)} takes a list of complex values whole",
+                                         stage=Stage.TORCH.value, graph=graph_name, op=_op_name(node))
+            inputs.append((i, mapped, leaf in pairs))
+
+    def run(*values):
+        filled = list(leaves)
+        for (i, _, is_complex), value in zip(inputs, values):
+            filled[i] = Complex(value) if is_complex else value
+        args, kwargs = pytree.tree_unflatten(filled, spec)
+        result = rule(op, *args, **kwargs)
+        return pytree.tree_map(lambda v: v.pair if isinstance(v, Complex) else v, result,
+                               is_leaf=lambda v: isinstance(v, Complex))
+
+    expected = _value(node)
+    try:
+        with fake_mode:
+            traced = make_fx(run, decomposition_table=decomposition_table(), tracing_mode="real")(
+                *(_value(source) for _, source, _ in inputs))
+    except UnsupportedOpError:
+        raise
+    except Exception as error:
+        raise UnsupportedOpError(f"tori's rule for {_op_name(node)} on complex values does not cover these "
+                                 f"arguments: {type(error).__name__}: {error}", stage=Stage.TORCH.value,
+                                 graph=graph_name, op=_op_name(node)) from error
+    env: dict[torch.fx.Node, Any] = {}
+    sources = iter(source for _, source, _ in inputs)
+    result = None
+    with graph.inserting_before(node):
+        for sub in traced.graph.nodes:
+            if sub.op == "placeholder":
+                env[sub] = next(sources)
+            elif sub.op == "output":
+                result = pytree.tree_map(lambda n: env[n] if isinstance(n, torch.fx.Node) else n, sub.args[0])
+            elif sub.op == "get_attr":
+                raise UnsupportedOpError(f"tori's rule for {_op_name(node)} on complex values made a constant",
+                                         stage=Stage.TORCH.value, graph=graph_name, op=_op_name(node))
+            else:
+                env[sub] = graph.node_copy(sub, lambda n: env[n])
+                for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
+                    if key in node.meta:
+                        env[sub].meta[key] = node.meta[key]
+    _check_shape(node, expected, result, graph_name)
+    if isinstance(expected, (list, tuple)):
+        if any(_complex_tensor(v) for v in expected):
+            pairs[node] = list(result)
+        else:
+            for user in list(node.users):
+                user.replace_all_uses_with(result[user.args[1]])
+        return
+    if _complex_tensor(expected):
+        pairs[node] = result
+    else:
+        node.replace_all_uses_with(result)
+
+
+def _check_shape(node: torch.fx.Node, expected, result, graph_name: str) -> None:
+    """The spliced values must have the shapes of the node's (plus the pair dim)."""
+    expected_values = expected if isinstance(expected, (list, tuple)) else [expected]
+    results = result if isinstance(result, (list, tuple)) else [result]
+    for want, got in zip(expected_values, results):
+        if not isinstance(want, torch.Tensor):
+            continue
+        got_value = _value(got)
+        shape = (*want.shape, 2) if want.is_complex() else tuple(want.shape)
+        if not isinstance(got_value, torch.Tensor) or tuple(got_value.shape) != shape or \
+                got_value.dtype != real_dtype(want.dtype):
+            raise UnsupportedOpError(
+                f"tori's rule for {_op_name(node)} on complex values gave "
+                f"{getattr(got_value, 'dtype', None)}{list(getattr(got_value, 'shape', []))}, "
+                f"expected {real_dtype(want.dtype)}{list(shape)}", stage=Stage.TORCH.value, graph=graph_name,
+                op=_op_name(node))
+

@@ -1,0 +1,195 @@
+"""Discrete Fourier transforms in real torch ops, on complex values held as (real,
+imaginary) pairs of real tensors: what `_fft_r2c`, `_fft_c2c` and `_fft_c2r` become in
+tori (frontend/complex_values.py). Any length, any dims, every normalization mode.
+
+A transform along one dim is a matmul by the DFT matrix when the length is at most
+`DIRECT_MAX` (a length-400 spectrogram frame is one [frames, 400] x [400, 402] matmul,
+which IREE data-tiles); longer ones factor as n = a * b (Cooley-Tukey's four steps: a
+transform of length a, a twiddle multiply, one of length b, each a matmul again); a
+prime length above `DIRECT_MAX` goes through Bluestein's chirp convolution, computed by
+transforms of a power-of-two length. The tables are functions of `arange` only, which
+IREE evaluates once at load; the phase j * k is reduced modulo n in integers, so that a
+table entry is within a rounding of the exact cosine at any length.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+DIRECT_MAX = 512
+
+Pair = tuple[torch.Tensor, torch.Tensor]
+
+
+def _table(rows: int, columns: int, n: int, scale: int, dtype: torch.dtype, device) -> Pair:
+    """cos and sin of 2π (j * k mod n·scale) / (n·scale), j < rows, k < columns."""
+    period = n * scale
+    j = torch.arange(rows, device=device, dtype=torch.int64)
+    k = torch.arange(columns, device=device, dtype=torch.int64)
+    phase = torch.remainder(j[:, None] * k[None, :] * scale, period)
+    angle = phase.to(dtype) * (2 * math.pi / period)
+    return torch.cos(angle), torch.sin(angle)
+
+
+def _matmul_last(x: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
+    """x [..., n] @ matrix [n, m] along the last dim."""
+    shape = x.shape
+    return torch.mm(x.reshape(-1, shape[-1]), matrix).reshape(*shape[:-1], matrix.shape[1])
+
+
+def _smallest_factor(n: int) -> int:
+    """The divisor of n nearest below its square root (1 for a prime)."""
+    for a in range(math.isqrt(n), 1, -1):
+        if n % a == 0:
+            return a
+    return 1
+
+
+def dft(z: Pair, sign: int) -> Pair:
+    """Σ_j z[..., j] · exp(sign · 2πi jk / n) along the last dim (sign -1: forward)."""
+    re, im = z
+    n = re.shape[-1]
+    if n == 1:
+        return re, im
+    if n <= DIRECT_MAX:
+        return _direct(z, sign)
+    a = _smallest_factor(n)
+    if a == 1:
+        return _bluestein(z, sign)
+    return _four_step(z, sign, a, n // a)
+
+
+def _direct(z: Pair, sign: int) -> Pair:
+    re, im = z
+    n = re.shape[-1]
+    cos, sin = _table(n, n, n, 1, re.dtype, re.device)
+    # [re, im] @ [[cos, sign·sin], [-sign·sin, cos]]: both parts in one matmul.
+    matrix = torch.cat([torch.cat([cos, sign * sin], 1), torch.cat([-sign * sin, cos], 1)], 0)
+    out = _matmul_last(torch.cat([re, im], -1), matrix)
+    return out[..., :n], out[..., n:]
+
+
+def _multiply(z: Pair, w: Pair) -> Pair:
+    (a, b), (c, d) = z, w
+    return a * c - b * d, a * d + b * c
+
+
+def _four_step(z: Pair, sign: int, a: int, b: int) -> Pair:
+    """n = a·b: input index j1·b + j2, output index k1 + a·k2."""
+    n = a * b
+    batch = z[0].shape[:-1]
+    # [..., j1, j2] -> [..., j2, j1]: transforms of length a over j1.
+    parts = tuple(p.reshape(*batch, a, b).transpose(-1, -2) for p in z)
+    parts = dft(parts, sign)
+    cos, sin = _table(b, a, n, 1, parts[0].dtype, parts[0].device)  # W_n^(j2·k1)
+    parts = _multiply(parts, (cos, sign * sin))
+    # [..., j2, k1] -> [..., k1, j2]: transforms of length b over j2, giving [..., k1, k2].
+    parts = dft(tuple(p.transpose(-1, -2) for p in parts), sign)
+    return tuple(p.transpose(-1, -2).reshape(*batch, n) for p in parts)
+
+
+def _bluestein(z: Pair, sign: int) -> Pair:
+    """jk = (j² + k² - (k - j)²) / 2: the transform is a convolution with the chirp
+    exp(-sign·πi m² / n), done by power-of-two transforms of a length m >= 2n - 1."""
+    re, im = z
+    n = re.shape[-1]
+    size = 1 << (2 * n - 2).bit_length()
+    m = torch.arange(n, device=re.device, dtype=torch.int64)
+    angle = torch.remainder(m * m, 2 * n).to(re.dtype) * (math.pi / n)
+    chirp = (torch.cos(angle), sign * torch.sin(angle))  # exp(sign·πi m²/n)
+    pad = [0, size - n]
+    weighted = tuple(torch.nn.functional.pad(p, pad) for p in _multiply(z, chirp))
+    # The kernel exp(-sign·πi m²/n) at offsets -(n-1) .. n-1, wrapped around `size`.
+    kernel = (chirp[0], -chirp[1])
+    kernel = tuple(torch.cat([k, k.new_zeros(size - 2 * n + 1), k[1:].flip(0)]) for k in kernel)
+    product = _multiply(dft(weighted, -1), dft(kernel, -1))
+    conv = dft(product, 1)
+    conv = tuple(p[..., :n] / size for p in conv)
+    return _multiply(conv, chirp)
+
+
+def along(z: Pair, dim: int, fn) -> Pair:
+    """fn applied to z with `dim` moved last, then moved back."""
+    moved = tuple(p.movedim(dim, -1) for p in z)
+    return tuple(p.movedim(-1, dim) for p in fn(moved))
+
+
+def _normalized(z: Pair, normalization: int, n: int) -> Pair:
+    # ATen's fft_norm_mode: 0 none, 1 by 1/sqrt(n), 2 by 1/n.
+    if normalization == 0:
+        return z
+    scale = 1 / math.sqrt(n) if normalization == 1 else 1 / n
+    return tuple(p * scale for p in z)
+
+
+def c2c(z: Pair, dims: list[int], normalization: int, forward: bool) -> Pair:
+    sign = -1 if forward else 1
+    for dim in dims:
+        z = along(z, dim, lambda p: dft(p, sign))
+    return _normalized(z, normalization, math.prod(z[0].shape[d] for d in dims))
+
+
+def r2c(x: torch.Tensor, dims: list[int], normalization: int, onesided: bool) -> Pair:
+    """The forward transform of a real tensor; onesided keeps n // 2 + 1 entries of the
+    last dim in `dims` (the rest is their conjugate mirror)."""
+    *rest, last = dims
+    n = x.shape[last]
+    kept = n // 2 + 1 if onesided else n
+
+    def real_dft(moved: Pair) -> Pair:
+        re = moved[0]
+        if n <= DIRECT_MAX:
+            cos, sin = _table(n, kept, n, 1, re.dtype, re.device)
+            out = _matmul_last(re, torch.cat([cos, -sin], 1))
+            return out[..., :kept], out[..., kept:]
+        full = dft((re, torch.zeros_like(re)), -1)
+        return tuple(p[..., :kept] for p in full)
+
+    z = along((x, x), last, real_dft)
+    for dim in reversed(rest):
+        z = along(z, dim, lambda p: dft(p, -1))
+    return _normalized(z, normalization, math.prod(x.shape[d] for d in dims))
+
+
+def _single(count: int, n: int, device) -> torch.Tensor:
+    """Which of the entries 0 .. count - 1 of a length-n spectrum have no mirror
+    image: 0, and n / 2 for even n."""
+    k = torch.arange(count, device=device)
+    return (k == 0) | (k * 2 == n)
+
+
+def c2r(z: Pair, dims: list[int], normalization: int, last_dim_size: int) -> torch.Tensor:
+    """The inverse transform to a real tensor whose last dim in `dims` has
+    `last_dim_size` entries, of which z holds the first n // 2 + 1 (the rest mirror
+    them). The imaginary parts of entry 0 and of entry n / 2 are ignored, as eager's are."""
+    *rest, last = dims
+    n = last_dim_size
+    kept = n // 2 + 1
+    for dim in rest:
+        z = along(z, dim, lambda p: dft(p, 1))
+    size = z[0].shape[last]
+    if size > kept:
+        z = tuple(p.narrow(last, 0, kept) for p in z)
+    elif size < kept:
+        z = tuple(torch.nn.functional.pad(p.movedim(last, -1), [0, kept - size]).movedim(-1, last) for p in z)
+
+    def real_idft(moved: Pair) -> Pair:
+        re, im = moved
+        if n <= DIRECT_MAX:
+            cos, sin = _table(kept, n, n, 1, re.dtype, re.device)
+            # Entries 1 .. (n - 1) // 2 stand for themselves and their mirror.
+            weight = torch.where(_single(kept, n, re.device), 1.0, 2.0).to(re.dtype)[:, None]
+            out = _matmul_last(torch.cat([re, im], -1), torch.cat([weight * cos, -weight * sin], 0))
+            return out, out
+        mirror = tuple(p[..., 1:n - kept + 1].flip(-1) for p in moved)
+        full = (torch.cat([re, mirror[0]], -1), torch.cat([im, -mirror[1]], -1))
+        # The entries whose imaginary part eager ignores: 0, and n / 2 for even n.
+        keep = torch.where(_single(n, n, re.device), 0.0, 1.0).to(re.dtype)
+        out = dft((full[0], full[1] * keep), 1)[0]
+        return out, out
+
+    out = along(z, last, real_idft)[0]
+    sizes = [out.shape[d] for d in dims]
+    return _normalized((out, out), normalization, math.prod(sizes))[0]
