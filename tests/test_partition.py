@@ -4,8 +4,8 @@ other regions compiled by IREE, those ops in eager PyTorch (frontend/partition.p
 The unsupported ops are real ops, not mocks: custom ops defined with torch.library,
 whose CPU implementations Torch-MLIR imports as `torch.operator` and IREE cannot
 lower (they count their calls, which proves that they ran in eager PyTorch; being
-tori's own, no decomposition will ever make them compile), and ATen's fft, whose
-complex result tori refuses.
+tori's own, no decomposition will ever make them compile), and ATen's general
+eigenvalues (linalg_eig), which tori refuses.
 """
 
 import json
@@ -160,21 +160,23 @@ def test_each_failing_op_found_in_turn(tmp_path):
     assert all(json.loads((tmp_path / part / "index.json").read_text())["compiled"] for part in index["parts"])
 
 
-def test_complex_values_stay_eager_and_parts_keep_their_constants():
-    # The fft's complex result is refused by tori: the fft and the abs of its result run
-    # eagerly. The constant of assume_constant_result is read inside the part that
-    # uses it, as a literal, not passed in.
+def test_a_refused_op_on_complex_values_stays_eager_and_parts_keep_their_constants():
+    # General eigenvalues are refused by tori: linalg_eig runs eagerly, and the parts on
+    # either side take and give complex values (as real pairs). The constant of
+    # assume_constant_result is read inside the part that uses it, as a literal, not
+    # passed in.
     linear = torch.nn.Linear(8, 8)
 
     def spectrum(x):
-        return linear(torch.fft.fft(linear(x) + _table()).abs())
+        matrices = (linear(x) + _table()).reshape(3, 2, 2, 2)
+        return linear((torch.linalg.eigvals(matrices) * (1 - 2j)).abs().reshape(3, 4).repeat(1, 2))
 
     x = torch.randn(3, 8)
     with torch.no_grad(), count_graphs() as count:
         torch.testing.assert_close(torch.compile(spectrum, backend="tori")(x), spectrum(x))
     assert count.partitioned_graphs == 1 and count.compiled_parts == 2 and count.fallback_graphs == 0, count.delta
     graph = tori.last_compile().forward
-    assert graph.eager_ops == ("aten._fft_r2c.default", "aten.abs.default")
+    assert graph.eager_ops == ("aten.linalg_eig.default",)
     assert "tori.assumed_constant" in graph.parts[0].stages["torch"]
 
 

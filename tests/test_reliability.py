@@ -504,16 +504,23 @@ DTYPES_CHILD = textwrap.dedent("""
             return str(error)
         return None
 
-    z = torch.randn(4, dtype=torch.complex64)
+    matrices = torch.randn(2, 3, 3)
     before = tori.counters.snapshot()
-    out["complex_in"] = torch.equal(torch.compile(lambda t: t * 2 + 1, backend="tori")(z), z * 2 + 1)
+    eigenvalues = torch.compile(lambda t: torch.linalg.eigvals(t) * 2, backend="tori",
+                                options={"partition": False})(matrices)
+    out["refused_in"] = torch.equal(eigenvalues, torch.linalg.eigvals(matrices) * 2)
+    out["refused_counts"] = [getattr(tori.counters.since(before), n) for n in ("fallback_graphs", "iree_compiles")]
+    out["refused_error"] = compile_error(lambda t: torch.linalg.eigvals(t) * 2, matrices)
+    z = torch.randn(4, dtype=torch.complex64)
+    torch._dynamo.reset()
+    before = tori.counters.snapshot()
+    out["complex_in"] = torch.equal(torch.compile(lambda t: t * 2 + 1, backend="tori",
+                                                  options={"fallback": "error"})(z), z * 2 + 1)
     out["complex_counts"] = [getattr(tori.counters.since(before), n) for n in ("fallback_graphs", "iree_compiles")]
-    out["complex_error"] = compile_error(lambda t: t * 2 + 1, z)
     pairs = torch.randn(3, 2)
-    out["complex_made_error"] = compile_error(lambda t: torch.view_as_complex(t) * 2, pairs)
     torch._dynamo.reset()
     out["complex_made"] = torch.equal(torch.compile(lambda t: torch.view_as_real(torch.view_as_complex(t) * 2),
-                                                    backend="tori")(pairs), pairs * 2)
+                                                    backend="tori", options={"fallback": "error"})(pairs), pairs * 2)
     q = torch.quantize_per_tensor(torch.randn(6), 0.1, 0, torch.quint8)
     torch._dynamo.reset()
     out["quantized"] = torch.equal(torch.compile(lambda t: t.dequantize() * 2, backend="tori")(q), q.dequantize() * 2)
@@ -529,11 +536,11 @@ DTYPES_CHILD = textwrap.dedent("""
 
 def test_unsupported_dtypes_and_non_tensor_outputs_never_crash_the_interpreter():
     result = last_json(run_python(DTYPES_CHILD))
-    assert result["complex_in"] is True
-    assert result["complex_counts"] == [1, 0]  # fell back before iree-compile was called
-    assert "torch.complex64 tensors are not supported" in result["complex_error"]
-    assert "stage 'torch'" in result["complex_error"]
-    assert "view_as_complex" in result["complex_made_error"]
+    assert result["refused_in"] is True
+    assert result["refused_counts"] == [1, 0]  # fell back before iree-compile was called
+    assert "aten linalg_eig.default" in result["refused_error"] and "stage 'torch'" in result["refused_error"]
+    # Complex values compile (as real pairs) and come back complex.
+    assert result["complex_in"] is True and result["complex_counts"] == [0, 1]
     assert result["complex_made"] is True
     assert result["quantized"] is True  # Dynamo itself runs quantized tensors eagerly
     assert result["non_tensor_outputs"] == [[2.0, 2.0, 2.0], 3, "s", 3, None, [2.0, 2.0, 2.0]]

@@ -37,6 +37,7 @@ from tori.logs import stage
 from tori.frontend.constant_origins import ORIGIN, AssumedConstant
 from tori.frontend.decompositions import export_table
 from tori.frontend.importer import import_graph, new_importer, to_bytecode
+from tori.frontend.complex_values import rewrite_complex
 from tori.frontend.quantized import STATE_NAME, quantization_summary, rewrite_quantized
 from tori.frontend.signature import ArgKind
 from tori.passes import run_pipeline
@@ -152,6 +153,7 @@ def _export(model: Any, args: tuple | None, kwargs: Mapping[str, Any] | None, *,
         check_functional(program, name=entry)  # in-place updates show once decomposed
         gm = _stateless(program, found, hooks)
         rewrite_quantized(gm)
+        gm = rewrite_complex(gm, entry)
         quantization = quantization_summary(gm)
         graphs.append(gm)
         _, signature = import_graph(gm, graph_name=entry, importer=importer, func_name=_function_name(entry))
@@ -319,6 +321,15 @@ def _entry_spec(entry: str, program: torch.export.ExportedProgram, found: Traced
             "inputs": inputs, "outputs": outputs}
 
 
+def _format_version(specs: dict[str, dict]) -> int:
+    """The lowest format version that describes these entry points: readers before
+    version 3 have no complex dtypes, readers before version 2 pass no seed."""
+    values = [v for spec in specs.values() for v in (*spec["inputs"], *spec["outputs"])]
+    if any(v["dtype"].startswith("complex") for v in values):
+        return 3
+    return 2 if any("seed" in spec for spec in specs.values()) else 1
+
+
 def _compile(source: bytes, opts: Options, targets: tuple[Target, ...], name: str,
              strategy: codegen.Strategy) -> dict[Target, tuple[bytes, list[str]]]:
     """Each target's vmfb and iree-compile flags, compiled side by side (as torch.compile
@@ -397,8 +408,7 @@ def _write(output_dir: Path, *, name: str, opts: Options, vmfbs, specs, symbols,
                 manifest_c[target] = {"source": source, "header": header, "identifier": identifier}
         manifest = {
             "format": fmt.FORMAT,
-            # Readers before version 2 do not pass an entry point's seed.
-            "format_version": fmt.FORMAT_VERSION if any("seed" in s for s in specs.values()) else 1,
+            "format_version": _format_version(specs),
             "name": name,
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "versions": _versions(),

@@ -95,16 +95,16 @@ def _real_part(value):
 
 
 def _imaginary_part(value):
-    """The imaginary part of an operand of an op linear in it: zero for real values;
-    integer and boolean tensors (indices, masks) are not operands and stay."""
+    """The imaginary part of a value operand: zero for real numbers and real floating
+    tensors; integer and boolean tensors (indices, masks) stay."""
     if isinstance(value, Complex):
         return value.im
     if isinstance(value, complex):
         return value.imag
     if isinstance(value, torch.Tensor) and value.is_floating_point():
         return torch.zeros_like(value)
-    if isinstance(value, float):
-        return 0.0
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return type(value)(0)
     return value
 
 
@@ -137,11 +137,24 @@ def _rule(*ops):
 
 
 def _partwise(op, *args, **kwargs):
-    kwargs = _real_dtype_kwargs(kwargs)
-    leaves, spec = pytree.tree_flatten((args, kwargs))
-    re_args, re_kwargs = pytree.tree_unflatten([_real_part(v) for v in leaves], spec)
-    im_args, im_kwargs = pytree.tree_unflatten([_imaginary_part(v) for v in leaves], spec)
-    re, im = op(*re_args, **re_kwargs), op(*im_args, **im_kwargs)
+    """op on the real parts and on the imaginary parts. Value operands (the schema's
+    tensors and scalars) split into their parts; sizes, dims and `alpha` (a factor,
+    not a term) go to both alike."""
+    arguments = op._schema.arguments
+    kinds = {a.name: str(a.type) for a in arguments}
+    named = [(arguments[i].name, v) for i, v in enumerate(args)] + list(_real_dtype_kwargs(kwargs).items())
+
+    def split(name, value, part):
+        kind = kinds.get(name, "")
+        if name == "alpha" or ("Tensor" not in kind and "Scalar" not in kind):
+            return value
+        return pytree.tree_map(part, value, is_leaf=lambda v: isinstance(v, Complex))
+
+    results = []
+    for part in (_real_part, _imaginary_part):
+        values = [split(name, value, part) for name, value in named]
+        results.append(op(*values[:len(args)], **dict(zip(kwargs, values[len(args):]))))
+    re, im = results
     if isinstance(re, (list, tuple)):
         return [Complex.of(r, i) for r, i in zip(re, im)]
     return Complex.of(re, im)
@@ -215,7 +228,7 @@ def _reciprocal(op, z):
     return _divide(aten.div, 1.0, z)
 
 
-@_rule(aten._conj, aten.conj, aten.conj_physical, aten._conj_copy)
+@_rule(aten._conj, aten.conj, aten.conj_physical, aten._conj_physical, aten._conj_copy)
 def _conjugate(op, z):
     return Complex.of(z.re, -z.im)
 
@@ -378,6 +391,15 @@ def _fft_c2r(op, z, dim, normalization, last_dim_size):
     return fourier.c2r((z.re, z.im), list(dim), normalization, last_dim_size)
 
 
+# Ops on complex values refused on purpose, with what to do instead.
+_REFUSED = {
+    aten.linalg_eig: "eigenvalues of a general (non-symmetric) matrix have no formulation in tori: their "
+                     "order and the phases of the eigenvectors are LAPACK's choices, which a QR iteration "
+                     "traced in torch ops does not reproduce. For a symmetric matrix use torch.linalg.eigh; "
+                     "otherwise let the op run eagerly (the default fallback)",
+}
+
+
 # ---------------------------------------------------------------------------------
 # The rewrite.
 
@@ -488,7 +510,11 @@ def _splice(graph: torch.fx.Graph, node: torch.fx.Node, pairs: dict, fake_mode, 
     from tori.frontend.decompositions import decomposition_table
 
     op = node.target
-    rule = _RULES.get(op) or (_RULES.get(op.overloadpacket) if hasattr(op, "overloadpacket") else None)
+    packet = getattr(op, "overloadpacket", None)
+    if packet in _REFUSED:
+        raise UnsupportedOpError(f"{_op_name(node)}: {_REFUSED[packet]}", stage=Stage.TORCH.value,
+                                 graph=graph_name, op=_op_name(node))
+    rule = _RULES.get(op) or (_RULES.get(packet) if packet is not None else None)
     if rule is None:
         raise UnsupportedOpError(f"{_op_name(node)} on complex values has no rule in tori "
                                  "(frontend/complex_values.py)", stage=Stage.TORCH.value, graph=graph_name,

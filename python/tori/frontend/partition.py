@@ -10,8 +10,8 @@ When `compile_graph` fails with an error naming an op (`error.op`, e.g.
 2. splits a copy of the graph with torch.fx's `CapabilityBasedPartitioner`: every
    other node may go into a part, except ops that mutate their inputs or have side
    effects (`copy_` into an input, asserts), which always stay eager and in place,
-   and ops on complex or quantized tensors, which tori refuses (so `fft(x).abs()`
-   runs eagerly as a whole once the fft has failed);
+   and ops on quantized tensors, which tori refuses (complex values compile, as
+   real pairs: frontend/complex_values.py);
 3. compiles each part that holds at least MIN_PART_OPS compute ops (views,
    `getitem` and symbolic-size arithmetic do not count) with `compile_graph`, each
    with its own GraphRecord `<graph>_part<i>` (in order of execution); smaller
@@ -143,12 +143,12 @@ def _is_compute(node: torch.fx.Node) -> bool:
 
 
 def _has_refused_dtype(node: torch.fx.Node) -> bool:
-    """Takes or makes a complex or quantized tensor, which tori refuses at the `torch`
-    stage (compile_graph.check_element_types): such a node can never be in a part."""
+    """Takes or makes a quantized tensor, which tori refuses at the `torch` stage
+    (compile_graph.check_element_types): such a node can never be in a part."""
     for value in (node, *node.all_input_nodes):
         meta = value.meta.get("val")
         for tensor in meta if isinstance(meta, (list, tuple)) else (meta,):
-            if isinstance(tensor, torch.Tensor) and (tensor.is_complex() or tensor.is_quantized):
+            if isinstance(tensor, torch.Tensor) and tensor.is_quantized:
                 return True
     return False
 
