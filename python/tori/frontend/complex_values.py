@@ -269,9 +269,17 @@ def _polar(op, magnitude, angle):
     return Complex.of(magnitude * torch.cos(angle), magnitude * torch.sin(angle))
 
 
+def _magnitude(z: Complex) -> torch.Tensor:
+    """|z| without overflow or underflow in the squares (IREE lowers no float64 hypot)."""
+    a, b = torch.abs(z.re), torch.abs(z.im)
+    big, small = torch.maximum(a, b), torch.minimum(a, b)
+    ratio = small / torch.where(big == 0, 1.0, big)
+    return torch.where(torch.isinf(big), big, big * torch.sqrt(1 + ratio * ratio))
+
+
 @_rule(aten.abs)
 def _abs(op, z):
-    return torch.hypot(z.re, z.im)
+    return _magnitude(z)
 
 
 @_rule(aten.angle)
@@ -281,7 +289,7 @@ def _angle(op, z):
 
 @_rule(aten.sgn)
 def _sgn(op, z):
-    magnitude = torch.hypot(z.re, z.im)
+    magnitude = _magnitude(z)
     safe = torch.where(magnitude == 0, 1.0, magnitude)
     return Complex.of(torch.where(magnitude == 0, 0.0, z.re / safe), torch.where(magnitude == 0, 0.0, z.im / safe))
 
@@ -294,13 +302,13 @@ def _exp(op, z):
 
 @_rule(aten.log)
 def _log(op, z):
-    return Complex.of(torch.log(torch.hypot(z.re, z.im)), torch.atan2(z.im, z.re))
+    return Complex.of(torch.log(_magnitude(z)), torch.atan2(z.im, z.re))
 
 
 @_rule(aten.sqrt)
 def _sqrt(op, z):
     # The principal root: re = sqrt((|z| + x) / 2), im = sign(y) sqrt((|z| - x) / 2).
-    magnitude = torch.hypot(z.re, z.im)
+    magnitude = _magnitude(z)
     re = torch.sqrt(torch.clamp((magnitude + z.re) / 2, min=0))
     im = torch.sqrt(torch.clamp((magnitude - z.re) / 2, min=0))
     return Complex.of(re, torch.where(torch.signbit(z.im), -im, im))
@@ -576,8 +584,16 @@ def _splice(graph: torch.fx.Graph, node: torch.fx.Node, pairs: dict, fake_mode, 
         return
     if _complex_tensor(expected):
         pairs[node] = result
-    else:
-        node.replace_all_uses_with(result)
+        return
+    if result in pairs:
+        # A real view of a complex input's pair (view_as_real): the input's node stands
+        # for the complex value, so its real users get a node of their own.
+        with graph.inserting_before(node):
+            alias = graph.call_function(aten.alias.default, (result,))
+        alias.meta = {**result.meta}
+        alias.meta.pop(COMPLEX_INPUT, None)
+        result = alias
+    node.replace_all_uses_with(result)
 
 
 def _check_shape(node: torch.fx.Node, expected, result, graph_name: str) -> None:

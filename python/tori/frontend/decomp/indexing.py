@@ -174,3 +174,17 @@ def empty_permuted(op, size, physical_layout, *, dtype=None, layout=None, device
     for position, axis in enumerate(physical_layout):
         inverse[axis] = position
     return physical.permute(inverse)
+
+
+_NARROW_INDICES = (torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+@register_decomposition(aten.index_put.default, aten.index.Tensor)
+def int64_indices(op, x, indices, *rest):
+    """Integer index tensors narrower than int64 (istft's int32 positions) widened:
+    Torch-MLIR's index_put builds the full index list with int64 positions for the
+    dims without an index, and IREE refused a list of mixed element types."""
+    if not any(i is not None and i.dtype in _NARROW_INDICES for i in indices):
+        return NotImplemented
+    widened = [i.to(torch.int64) if i is not None and i.dtype in _NARROW_INDICES else i for i in indices]
+    return op(x, widened, *rest)
