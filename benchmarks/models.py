@@ -210,3 +210,47 @@ class HandAttentionBlock(nn.Module):
 @register("hand_attention", inputs=lambda g: (torch.randn(4, 64, 128, generator=g),))
 def hand_attention() -> nn.Module:
     return HandAttentionBlock()
+
+
+def mel_filterbank(bins: int, bands: int, sample_rate: int) -> torch.Tensor:
+    """[bands, bins] triangular filters evenly spaced on the mel scale (HTK's formula),
+    over the `bins` frequencies of a one-sided spectrum."""
+    def mel(hz):
+        return 2595.0 * torch.log10(1.0 + hz / 700.0)
+
+    def hz(m):
+        return 700.0 * (10.0 ** (m / 2595.0) - 1.0)
+
+    frequencies = torch.linspace(0, sample_rate / 2, bins, dtype=torch.float64)
+    edges = hz(torch.linspace(0.0, float(mel(torch.tensor(sample_rate / 2.0))), bands + 2, dtype=torch.float64))
+    low, centre, high = edges[:-2, None], edges[1:-1, None], edges[2:, None]
+    rising = (frequencies - low) / (centre - low)
+    falling = (high - frequencies) / (high - centre)
+    return torch.clamp(torch.minimum(rising, falling), min=0).to(torch.float32)
+
+
+class SpectrogramClassifier(nn.Module):
+    """A keyword-spotting model: the log-mel spectrogram of 1 s of 16 kHz audio (stft
+    with a 400-sample Hann window and a hop of 160, power, 64 mel bands, log), then two
+    convolutions and a linear classifier over 12 words."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("window", torch.hann_window(400))
+        self.register_buffer("mel", mel_filterbank(201, 64, 16000))
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 16, 3, padding=1, bias=False), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1, bias=False), nn.BatchNorm2d(32), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+        )
+        self.classifier = nn.Linear(32, 12)
+
+    def forward(self, audio):
+        spectrum = torch.stft(audio, 400, hop_length=160, window=self.window, return_complex=True)
+        power = spectrum.abs().pow(2)
+        features = torch.log(torch.matmul(self.mel, power) + 1e-6)
+        return self.classifier(self.features(features.unsqueeze(1)).flatten(1))
+
+
+@register("spectrogram", inputs=lambda g: (torch.randn(4, 16000, generator=g),))
+def spectrogram() -> nn.Module:
+    return SpectrogramClassifier()

@@ -391,7 +391,7 @@ def _fft_c2c(op, z, dim, normalization, forward):
 
 @_rule(aten._fft_r2c)
 def _fft_r2c(op, x, dim, normalization, onesided):
-    return Complex.of(*fourier.r2c(x, list(dim), normalization, onesided))
+    return Complex(fourier.r2c(x, list(dim), normalization, onesided))
 
 
 @_rule(aten._fft_c2r)

@@ -116,12 +116,14 @@ def along(z: Pair, dim: int, fn) -> Pair:
     return tuple(p.movedim(-1, dim) for p in fn(moved))
 
 
-def _normalized(z: Pair, normalization: int, n: int) -> Pair:
+def _scale(normalization: int, n: int) -> float:
     # ATen's fft_norm_mode: 0 none, 1 by 1/sqrt(n), 2 by 1/n.
-    if normalization == 0:
-        return z
-    scale = 1 / math.sqrt(n) if normalization == 1 else 1 / n
-    return tuple(p * scale for p in z)
+    return 1.0 if normalization == 0 else 1 / math.sqrt(n) if normalization == 1 else 1 / n
+
+
+def _normalized(z: Pair, normalization: int, n: int) -> Pair:
+    scale = _scale(normalization, n)
+    return z if scale == 1 else tuple(p * scale for p in z)
 
 
 def c2c(z: Pair, dims: list[int], normalization: int, forward: bool) -> Pair:
@@ -131,26 +133,31 @@ def c2c(z: Pair, dims: list[int], normalization: int, forward: bool) -> Pair:
     return _normalized(z, normalization, math.prod(z[0].shape[d] for d in dims))
 
 
-def r2c(x: torch.Tensor, dims: list[int], normalization: int, onesided: bool) -> Pair:
-    """The forward transform of a real tensor; onesided keeps n // 2 + 1 entries of the
-    last dim in `dims` (the rest is their conjugate mirror)."""
+def r2c(x: torch.Tensor, dims: list[int], normalization: int, onesided: bool) -> torch.Tensor:
+    """The forward transform of a real tensor, as real pairs (shape + [2]); onesided
+    keeps n // 2 + 1 entries of the last dim in `dims` (the rest is their conjugate
+    mirror). A single short transform is one matmul whose columns interleave the
+    parts, giving the pairs without a copy."""
     *rest, last = dims
     n = x.shape[last]
     kept = n // 2 + 1 if onesided else n
+    scale = _scale(normalization, math.prod(x.shape[d] for d in dims))
+    if n <= DIRECT_MAX and not rest:
+        cos, sin = _table(n, kept, n, 1, x.dtype, x.device)
+        matrix = torch.stack([cos, -sin], -1).reshape(n, 2 * kept)
+        if scale != 1:
+            matrix = matrix * scale
+        out = _matmul_last(x.movedim(last, -1), matrix)
+        return out.reshape(*out.shape[:-1], kept, 2).movedim(-2, last if last >= 0 else last - 1)
 
     def real_dft(moved: Pair) -> Pair:
-        re = moved[0]
-        if n <= DIRECT_MAX:
-            cos, sin = _table(n, kept, n, 1, re.dtype, re.device)
-            out = _matmul_last(re, torch.cat([cos, -sin], 1))
-            return out[..., :kept], out[..., kept:]
-        full = dft((re, torch.zeros_like(re)), -1)
+        full = dft((moved[0], torch.zeros_like(moved[0])), -1)
         return tuple(p[..., :kept] for p in full)
 
     z = along((x, x), last, real_dft)
     for dim in reversed(rest):
         z = along(z, dim, lambda p: dft(p, -1))
-    return _normalized(z, normalization, math.prod(x.shape[d] for d in dims))
+    return torch.stack([p * scale for p in z], -1) if scale != 1 else torch.stack(z, -1)
 
 
 def _single(count: int, n: int, device) -> torch.Tensor:
