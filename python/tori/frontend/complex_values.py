@@ -146,7 +146,7 @@ def _partwise(op, *args, **kwargs):
 
     def split(name, value, part):
         kind = kinds.get(name, "")
-        if name == "alpha" or ("Tensor" not in kind and "Scalar" not in kind):
+        if name == "alpha" or ("Tensor" not in kind and "number" not in kind):  # number: a Scalar
             return value
         return pytree.tree_map(part, value, is_leaf=lambda v: isinstance(v, Complex))
 
@@ -163,7 +163,7 @@ def _partwise(op, *args, **kwargs):
 _PARTWISE = [
     # views and copies
     aten.view, aten._unsafe_view, aten.reshape, aten.permute, aten.transpose, aten.t, aten.expand,
-    aten.unsqueeze, aten.squeeze, prims.squeeze, aten.select, aten.slice, aten.narrow, aten.flip, aten.roll,
+    aten.unsqueeze, aten.squeeze, prims.squeeze, aten.select, aten.slice, aten.narrow, aten.roll,
     aten.clone, aten.alias, aten.contiguous, aten.unfold, aten.repeat, aten.diagonal, aten.diag_embed,
     aten.tril, aten.triu, aten.split, aten.split_with_sizes, aten.unbind, aten.chunk, aten.movedim,
     aten.index, aten._unsafe_index, aten.index_select, aten.gather, aten.take_along_dim, aten.expand_copy,
@@ -183,6 +183,12 @@ _PARTWISE = [
 ]
 for _op in _PARTWISE:
     _RULES[_op] = _partwise
+
+
+@_rule(aten.flip)
+def _flip(op, z, dims):
+    # On the pairs whole: IREE's codegen failed on a flip of one part (a strided view).
+    return Complex(torch.flip(z.pair, [d if d >= 0 else d - 1 for d in dims]))
 
 
 @_rule(aten.ones, aten.new_ones)
@@ -241,7 +247,9 @@ def _resolved(op, z):
 
 @_rule(aten.view_as_complex)
 def _view_as_complex(op, x):
-    return Complex(x)
+    # A node of its own: parts are read from it twice, and Torch-MLIR's importer binds a
+    # constant (get_attr) read by two ops twice, which it refuses.
+    return Complex(aten.alias(x))
 
 
 @_rule(aten.view_as_real, aten.view_as_real_copy)
@@ -458,7 +466,10 @@ def rewrite_complex(gm: torch.fx.GraphModule, graph_name: str = "") -> torch.fx.
             setattr(new, node.target, torch.view_as_real(getattr(new, node.target).resolve_conj()).clone())
             with fake_mode:
                 node.meta["val"] = torch.view_as_real(node.meta["val"]) if "val" in node.meta else None
-            pairs[node] = node
+            with graph.inserting_after(node):  # read once (see _view_as_complex)
+                alias = graph.call_function(aten.alias.default, (node,))
+            alias.meta = dict(node.meta)
+            pairs[node] = alias
         elif node.op == "call_function" and _involves_complex(node, pairs):
             if node.target is operator.getitem and node.args[0] in pairs:
                 pairs[node] = pairs[node.args[0]][node.args[1]]

@@ -26,11 +26,18 @@ Pair = tuple[torch.Tensor, torch.Tensor]
 def _table(rows: int, columns: int, n: int, scale: int, dtype: torch.dtype, device) -> Pair:
     """cos and sin of 2π (j * k mod n·scale) / (n·scale), j < rows, k < columns."""
     period = n * scale
-    j = torch.arange(rows, device=device, dtype=torch.int64)
-    k = torch.arange(columns, device=device, dtype=torch.int64)
+    index = _index_dtype(rows * columns * scale)
+    j = torch.arange(rows, device=device, dtype=index)
+    k = torch.arange(columns, device=device, dtype=index)
     phase = torch.remainder(j[:, None] * k[None, :] * scale, period)
     angle = phase.to(dtype) * (2 * math.pi / period)
     return torch.cos(angle), torch.sin(angle)
+
+
+def _index_dtype(largest: int) -> torch.dtype:
+    # int32 where the phases fit: IREE's CPU codegen failed on its builtin splat of an
+    # int64 value, which a constant int64 table can become.
+    return torch.int32 if largest < 2**31 else torch.int64
 
 
 def _matmul_last(x: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
@@ -96,7 +103,7 @@ def _bluestein(z: Pair, sign: int) -> Pair:
     re, im = z
     n = re.shape[-1]
     size = 1 << (2 * n - 2).bit_length()
-    m = torch.arange(n, device=re.device, dtype=torch.int64)
+    m = torch.arange(n, device=re.device, dtype=_index_dtype(n * n))
     angle = torch.remainder(m * m, 2 * n).to(re.dtype) * (math.pi / n)
     chirp = (torch.cos(angle), sign * torch.sin(angle))  # exp(sign·πi m²/n)
     pad = [0, size - n]
@@ -163,7 +170,7 @@ def r2c(x: torch.Tensor, dims: list[int], normalization: int, onesided: bool) ->
 def _single(count: int, n: int, device) -> torch.Tensor:
     """Which of the entries 0 .. count - 1 of a length-n spectrum have no mirror
     image: 0, and n / 2 for even n."""
-    k = torch.arange(count, device=device)
+    k = torch.arange(count, device=device, dtype=torch.int32)
     return (k == 0) | (k * 2 == n)
 
 
@@ -190,11 +197,16 @@ def c2r(z: Pair, dims: list[int], normalization: int, last_dim_size: int) -> tor
             weight = torch.where(_single(kept, n, re.device), 1.0, 2.0).to(re.dtype)[:, None]
             out = _matmul_last(torch.cat([re, im], -1), torch.cat([weight * cos, -weight * sin], 0))
             return out, out
-        mirror = tuple(p[..., 1:n - kept + 1].flip(-1) for p in moved)
-        full = (torch.cat([re, mirror[0]], -1), torch.cat([im, -mirror[1]], -1))
-        # The entries whose imaginary part eager ignores: 0, and n / 2 for even n.
-        keep = torch.where(_single(n, n, re.device), 0.0, 1.0).to(re.dtype)
-        out = dft((full[0], full[1] * keep), 1)[0]
+        # The mirror: entries n - kept .. 1, conjugated; entry 0's imaginary part (and n / 2's
+        # for even n) is dropped, as eager drops it.
+        pair = torch.stack([re, im], -1)
+        mirror = pair[..., 1:n - kept + 1, :].flip(-2)
+        mirror = torch.stack([mirror[..., 0], -mirror[..., 1]], -1)
+        middle = pair[..., 1:kept - 1 if n % 2 == 0 else kept, :]
+        ends = [torch.stack([re[..., :1], torch.zeros_like(re[..., :1])], -1)]
+        last_real = [torch.stack([re[..., kept - 1:kept], torch.zeros_like(re[..., :1])], -1)] if n % 2 == 0 else []
+        full = torch.cat([*ends, middle, *last_real, mirror], -2)
+        out = dft((full[..., 0], full[..., 1]), 1)[0]
         return out, out
 
     out = along(z, last, real_idft)[0]
