@@ -138,8 +138,6 @@ def test_istft_inverts_stft_as_eager_does():
                                     torch.istft(s, 64, hop_length=16, window=window)), spectrum, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.xfail(strict=True, reason="the backward graph fails in iree-compile: LLVM translation of IREE's "
-                   "__builtin_splat_i64 executable (an unrealized i64 -> index cast)")
 def test_gradients_flow_through_complex_values():
     x = torch.randn(3, 16, requires_grad=True)
     weight = torch.randn(9, requires_grad=True)

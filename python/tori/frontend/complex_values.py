@@ -8,10 +8,12 @@ passed as `view_as_real` of the caller's tensor, and a complex result is returne
 on complex values is replaced by its rule (`_RULES`), traced to ATen ops on the real
 parts (make_fx) and spliced in. The rules:
 
-- ops linear in each complex operand and acting on positions only (views, slices,
-  concatenation, sums, padding, `where`, additions): the op applied to the real parts
-  and to the imaginary parts (`_PARTWISE`); a real operand's imaginary part is zero, a
-  complex scalar splits into its parts;
+- views, slices, indexing and copies: the op on the pairs whole, its dims counted
+  from the front (`_WHOLE`, and permute, view, expand, unsqueeze, repeat);
+- other ops linear in each complex operand and acting on positions only
+  (concatenation, sums, padding, `where`, additions, factories): the op applied to the
+  real parts and to the imaginary parts (`_PARTWISE`); a real operand's imaginary part
+  is zero, a complex scalar splits into its parts;
 - products (`mul`, `mm`, `bmm`, division): four real products;
 - conjugation, magnitude, phase, `exp`/`log`/`sqrt`, comparisons, conversions;
 - the FFT family (`_fft_r2c`, `_fft_c2c`, `_fft_c2r`): frontend/decomp/fourier.py.
@@ -162,14 +164,8 @@ def _partwise(op, *args, **kwargs):
 
 _PARTWISE = [
     # views and copies
-    aten.view, aten._unsafe_view, aten.reshape, aten.permute, aten.transpose, aten.t, aten.expand,
-    aten.unsqueeze, aten.squeeze, prims.squeeze, aten.select, aten.slice, aten.narrow, aten.roll,
-    aten.clone, aten.alias, aten.contiguous, aten.unfold, aten.repeat, aten.diagonal, aten.diag_embed,
-    aten.tril, aten.triu, aten.split, aten.split_with_sizes, aten.unbind, aten.chunk, aten.movedim,
-    aten.index, aten._unsafe_index, aten.index_select, aten.gather, aten.take_along_dim, aten.expand_copy,
-    aten.view_copy, aten.permute_copy, aten.slice_copy, aten.select_copy, aten.unsqueeze_copy, aten.squeeze_copy,
-    aten.transpose_copy, aten.lift_fresh_copy, aten.detach, prims.broadcast_in_dim, prims.collapse_view,
-    prims.split_dim,
+    aten.t, aten.unfold, aten.diagonal, aten.diag_embed, aten.tril, aten.triu, aten.gather, aten.take_along_dim,
+    prims.broadcast_in_dim, prims.collapse_view, prims.split_dim,
     # writes of one tensor into another, selections between values
     aten.cat, aten.stack, aten.where, aten.slice_scatter, aten.select_scatter, aten.index_put, aten.masked_fill,
     aten.constant_pad_nd, aten.copy, aten.index_copy, aten.index_add, aten.scatter, aten.scatter_add,
@@ -185,10 +181,61 @@ for _op in _PARTWISE:
     _RULES[_op] = _partwise
 
 
-@_rule(aten.flip)
-def _flip(op, z, dims):
-    # On the pairs whole: IREE's codegen failed on a flip of one part (a strided view).
-    return Complex(torch.flip(z.pair, [d if d >= 0 else d - 1 for d in dims]))
+# Ops on the pairs whole, one op instead of one per part: their dims count from the
+# front (a negative dim would count the pair dim). Per-part copies of an index
+# computation made IREE's CPU codegen fail (its i64 splat builtin), and of a flip too.
+_DIM_ARGUMENTS = frozenset({"dim", "dims", "dim0", "dim1", "dimensions", "source", "destination"})
+
+
+def _from_front(dims, rank: int):
+    if isinstance(dims, int):
+        return dims if dims >= 0 else dims + rank
+    return [d if d >= 0 else d + rank for d in dims]
+
+
+def _whole(op, z, *args, **kwargs):
+    rank = z.pair.dim() - 1
+    names = [a.name for a in op._schema.arguments[1:]]
+    args = [_from_front(v, rank) if name in _DIM_ARGUMENTS and v is not None else v for name, v in zip(names, args)]
+    kwargs = {k: _from_front(v, rank) if k in _DIM_ARGUMENTS and v is not None else v
+              for k, v in _real_dtype_kwargs(kwargs).items()}
+    result = op(z.pair, *args, **kwargs)
+    return [Complex(r) for r in result] if isinstance(result, (list, tuple)) else Complex(result)
+
+
+_WHOLE = [aten.index, aten._unsafe_index, aten.index_select, aten.flip, aten.select, aten.slice, aten.narrow,
+          aten.transpose, aten.squeeze, prims.squeeze, aten.split, aten.split_with_sizes, aten.chunk, aten.unbind,
+          aten.clone, aten.alias, aten.contiguous, aten.detach, aten.lift_fresh_copy, aten.movedim,
+          aten.select_copy, aten.slice_copy, aten.transpose_copy, aten.squeeze_copy]
+for _op in _WHOLE:
+    _RULES[_op] = _whole
+
+
+@_rule(aten.roll)
+def _roll(op, z, shifts, dims=()):
+    # Without dims, roll runs over the flattened tensor: part by part then.
+    return _whole(op, z, shifts, dims) if len(dims) else _partwise(op, z, shifts, dims)
+
+
+@_rule(aten.permute, aten.permute_copy)
+def _permute(op, z, dims):
+    rank = z.pair.dim() - 1
+    return Complex(op(z.pair, [*_from_front(dims, rank), rank]))
+
+
+@_rule(aten.view, aten._unsafe_view, aten.reshape, aten.expand, aten.view_copy, aten.expand_copy)
+def _resized(op, z, size, **kwargs):
+    return Complex(op(z.pair, [*size, 2], **kwargs))
+
+
+@_rule(aten.unsqueeze, aten.unsqueeze_copy)
+def _unsqueeze(op, z, dim):
+    return Complex(op(z.pair, _from_front(dim, z.pair.dim())))
+
+
+@_rule(aten.repeat)
+def _repeat(op, z, repeats):
+    return Complex(op(z.pair, [*repeats, 1]))
 
 
 @_rule(aten.ones, aten.new_ones)

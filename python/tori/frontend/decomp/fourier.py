@@ -26,18 +26,11 @@ Pair = tuple[torch.Tensor, torch.Tensor]
 def _table(rows: int, columns: int, n: int, scale: int, dtype: torch.dtype, device) -> Pair:
     """cos and sin of 2π (j * k mod n·scale) / (n·scale), j < rows, k < columns."""
     period = n * scale
-    index = _index_dtype(rows * columns * scale)
-    j = torch.arange(rows, device=device, dtype=index)
-    k = torch.arange(columns, device=device, dtype=index)
+    j = torch.arange(rows, device=device, dtype=torch.int64)
+    k = torch.arange(columns, device=device, dtype=torch.int64)
     phase = torch.remainder(j[:, None] * k[None, :] * scale, period)
     angle = phase.to(dtype) * (2 * math.pi / period)
     return torch.cos(angle), torch.sin(angle)
-
-
-def _index_dtype(largest: int) -> torch.dtype:
-    # int32 where the phases fit: IREE's CPU codegen failed on its builtin splat of an
-    # int64 value, which a constant int64 table can become.
-    return torch.int32 if largest < 2**31 else torch.int64
 
 
 def _matmul_last(x: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
@@ -103,7 +96,7 @@ def _bluestein(z: Pair, sign: int) -> Pair:
     re, im = z
     n = re.shape[-1]
     size = 1 << (2 * n - 2).bit_length()
-    m = torch.arange(n, device=re.device, dtype=_index_dtype(n * n))
+    m = torch.arange(n, device=re.device, dtype=torch.int64)
     angle = torch.remainder(m * m, 2 * n).to(re.dtype) * (math.pi / n)
     chirp = (torch.cos(angle), sign * torch.sin(angle))  # exp(sign·πi m²/n)
     pad = [0, size - n]
@@ -170,7 +163,7 @@ def r2c(x: torch.Tensor, dims: list[int], normalization: int, onesided: bool) ->
 def _single(count: int, n: int, device) -> torch.Tensor:
     """Which of the entries 0 .. count - 1 of a length-n spectrum have no mirror
     image: 0, and n / 2 for even n."""
-    k = torch.arange(count, device=device, dtype=torch.int32)
+    k = torch.arange(count, device=device)
     return (k == 0) | (k * 2 == n)
 
 
