@@ -62,6 +62,19 @@ def test_complex_values_made_from_real_ones_and_rotary_embedding():
     assert_matches_eager(fn, q, angles)
 
 
+def test_complex_parameters_and_targets():
+    # A complex parameter (a graph input on every call), compiled for the CPU and for
+    # Vulkan (lavapipe) where it is installed.
+    from tori.runtime.devices import available_devices
+
+    layer = torch.nn.Linear(8, 8, dtype=torch.complex64)
+    z = _complex(3, 8)
+    targets = ["cpu"] + (["vulkan"] if available_devices("vulkan") else [])
+    for target in targets:
+        with torch.no_grad():
+            assert_matches_eager(layer, z, options={"target": target})
+
+
 @pytest.mark.parametrize("kind", ["complex128", "conjugated", "transposed", "sliced"])
 def test_complex_inputs_and_results_cross_the_boundary(kind):
     z = {"complex128": _complex(3, 5, dtype=torch.complex128), "conjugated": _complex(3, 5).conj(),
@@ -175,12 +188,12 @@ def test_exported_complex_entry_points_run_without_torch_and_by_dlpack(tmp_path)
     class Filter(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.register_buffer("response", torch.randn(9, 2))  # complex weights as real pairs
+            self.response = torch.nn.Parameter(torch.randn(9, dtype=torch.complex64))
+            self.register_buffer("gain", torch.randn(16, 2))  # complex weights held as real pairs
 
         def forward(self, z):
-            spectrum = torch.fft.fft(z, n=16)
-            response = torch.view_as_complex(self.response) * 1
-            return torch.fft.ifft(spectrum[..., :9] * response, n=16), spectrum.abs()
+            spectrum = torch.fft.fft(z, n=16) * torch.view_as_complex(self.gain)
+            return torch.fft.ifft(spectrum[..., :9] * self.response, n=16), spectrum.abs()
 
     model = Filter().eval()
     z = _complex(3, 16)

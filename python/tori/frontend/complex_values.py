@@ -1,12 +1,13 @@
 """Complex tensors as pairs of real ones: a rewrite of the functional ATen graph before
 import, since neither Torch-MLIR's lowering nor IREE's input handles complex types.
 
-A complex tensor of shape S becomes a real tensor of shape S + [2] holding (real,
-imaginary) in its last dim: `view_as_real`'s layout, so a complex graph input is
-passed as `view_as_real` of the caller's tensor, and a complex result is returned as
-`view_as_complex` of IREE's, both without a copy (runtime/compiled_graph.py). Each op
-on complex values is replaced by its rule (`_RULES`), traced to ATen ops on the real
-parts (make_fx) and spliced in. The rules:
+Inside the graph, a complex tensor of shape S becomes a real tensor of shape S + [2]
+holding (real, imaginary) in its last dim: `view_as_real`'s layout. The graph's
+inputs and results stay complex, taken apart by `view_as_real` after the inputs and
+put together by `view_as_complex` before the output, which IREE's torch input lowers:
+the module's own arguments and results are `complex<f32>` buffers, exchanged by
+DLPack and numpy like any other. Each op on complex values is replaced by its rule
+(`_RULES`), traced to ATen ops on the real parts (make_fx) and spliced in. The rules:
 
 - views, slices, indexing and copies: the op on the pairs whole, its dims counted
   from the front (`_WHOLE`, and permute, view, expand, unsqueeze, repeat);
@@ -36,26 +37,19 @@ import torch.utils._pytree as pytree
 
 from tori.errors import UnsupportedOpError
 from tori.frontend.decomp import fourier
+from tori.frontend.splice import splice_traced, value_of
 from tori.stages import Stage
 
 aten = torch.ops.aten
 prims = torch.ops.prims
 
-# Node meta: the complex dtype a placeholder's real pair stands for; on the output
-# node, {output position: complex dtype} of the results returned as complex.
-COMPLEX_INPUT = "tori_complex"
-COMPLEX_OUTPUTS = "tori_complex_outputs"
-
-
 def real_dtype(dtype: torch.dtype) -> torch.dtype:
     return dtype.to_real() if dtype.is_complex else dtype
 
 
-def as_pairs(value):
-    """A complex tensor as the real tensor tori passes for it (zero-copy where it can)."""
-    if isinstance(value, torch.Tensor) and value.is_complex():
-        return torch.view_as_real(value.resolve_conj())
-    return value
+def as_pairs(value: torch.Tensor) -> torch.Tensor:
+    """A complex tensor as its real pairs (a view where it can be)."""
+    return torch.view_as_real(value.resolve_conj())
 
 
 class Complex:
@@ -82,10 +76,6 @@ class Complex:
     @property
     def im(self) -> torch.Tensor:
         return self.pair[..., 1]
-
-
-def _is_complex_value(value) -> bool:
-    return isinstance(value, (Complex, complex))
 
 
 def _real_part(value):
@@ -466,16 +456,12 @@ _REFUSED = {
 # ---------------------------------------------------------------------------------
 # The rewrite.
 
-def _value(node) -> Any:
-    return node.meta.get("val", node.meta.get("example_value")) if isinstance(node, torch.fx.Node) else node
-
-
 def _complex_tensor(value) -> bool:
     return isinstance(value, torch.Tensor) and value.is_complex()
 
 
 def _involves_complex(node: torch.fx.Node, pairs: dict) -> bool:
-    value = _value(node)
+    value = value_of(node)
     values = value if isinstance(value, (list, tuple)) else (value,)
     if any(_complex_tensor(v) for v in values):
         return True
@@ -486,7 +472,7 @@ def _involves_complex(node: torch.fx.Node, pairs: dict) -> bool:
 
 def has_complex(gm: torch.fx.GraphModule) -> bool:
     for node in gm.graph.nodes:
-        value = _value(node)
+        value = value_of(node)
         if any(_complex_tensor(v) for v in (value if isinstance(value, (list, tuple)) else (value,))):
             return True
     return False
@@ -502,21 +488,29 @@ def rewrite_complex(gm: torch.fx.GraphModule, graph_name: str = "") -> torch.fx.
 
     new = torch.fx.GraphModule(gm, _copied(gm.graph))
     graph = new.graph
-    fake_mode = detect_fake_mode([_value(n) for n in graph.nodes]) or torch._subclasses.FakeTensorMode()
+    fake_mode = detect_fake_mode([value_of(n) for n in graph.nodes]) or torch._subclasses.FakeTensorMode()
     pairs: dict[torch.fx.Node, Any] = {}  # complex node -> its pair node (or list of them)
     replaced: list[torch.fx.Node] = []
-    for node in list(graph.nodes):
-        if node.op == "placeholder" and _complex_tensor(_value(node)):
-            _retype_placeholder(node, fake_mode)
-            pairs[node] = node
-        elif node.op == "get_attr" and _complex_tensor(getattr(new, node.target, None)):
-            setattr(new, node.target, torch.view_as_real(getattr(new, node.target).resolve_conj()).clone())
+    original = list(graph.nodes)
+    placeholders = graph.find_nodes(op="placeholder")
+    for node in reversed(placeholders):  # the pairs after the last placeholder, in order
+        if _complex_tensor(value_of(node)):
+            with graph.inserting_after(placeholders[-1]):
+                pairs[node] = graph.call_function(aten.view_as_real.default, (node,))
             with fake_mode:
-                node.meta["val"] = torch.view_as_real(node.meta["val"]) if "val" in node.meta else None
+                pairs[node].meta["val"] = as_pairs(value_of(node))
+    for node in original:
+        if node.op == "placeholder":
+            continue
+        elif node.op == "get_attr" and _complex_tensor(getattr(new, node.target, None)):
+            # A constant becomes its pairs (IREE's torch input takes no complex literal).
+            setattr(new, node.target, as_pairs(getattr(new, node.target)).clone())
+            with fake_mode:
+                node.meta["val"] = as_pairs(value_of(node))
+            node.meta.pop("tensor_meta", None)  # the importer reads it before `val`
             with graph.inserting_after(node):  # read once (see _view_as_complex)
-                alias = graph.call_function(aten.alias.default, (node,))
-            alias.meta = dict(node.meta)
-            pairs[node] = alias
+                pairs[node] = graph.call_function(aten.alias.default, (node,))
+            pairs[node].meta["val"] = node.meta["val"]
         elif node.op == "call_function" and _involves_complex(node, pairs):
             if node.target is operator.getitem and node.args[0] in pairs:
                 pairs[node] = pairs[node.args[0]][node.args[1]]
@@ -525,13 +519,9 @@ def rewrite_complex(gm: torch.fx.GraphModule, graph_name: str = "") -> torch.fx.
             _splice(graph, node, pairs, fake_mode, graph_name)
             replaced.append(node)
         elif node.op == "output":
-            outputs = node.args[0]
-            flat = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
-            kinds = {i: _value(o).dtype for i, o in enumerate(flat) if isinstance(o, torch.fx.Node) and o in pairs}
-            flat = [pairs.get(o, o) if isinstance(o, torch.fx.Node) else o for o in flat]
-            node.args = (type(outputs)(flat) if isinstance(outputs, (list, tuple)) else flat[0],)
-            node.meta[COMPLEX_OUTPUTS] = kinds
-        elif node.op not in ("placeholder", "get_attr", "call_function", "output") and _involves_complex(node, pairs):
+            node.args = (pytree.tree_map(lambda o: _as_complex(graph, o, pairs, fake_mode) if o in pairs else o,
+                                         node.args[0], is_leaf=lambda o: isinstance(o, torch.fx.Node)),)
+        elif node.op not in ("get_attr", "call_function", "output") and _involves_complex(node, pairs):
             raise UnsupportedOpError(f"complex values in a {node.op} node", stage=Stage.TORCH.value,
                                      graph=graph_name, op=str(node.target))
     for node in reversed(replaced):
@@ -542,27 +532,20 @@ def rewrite_complex(gm: torch.fx.GraphModule, graph_name: str = "") -> torch.fx.
 
 
 def _copied(graph: torch.fx.Graph) -> torch.fx.Graph:
+    """A copy of `graph` (each node's meta a copy too: the rewrite retypes nodes)."""
     copied = torch.fx.Graph()
-    output = copied.graph_copy(graph, {})
-    copied.output(output)
-    for old, new in zip(graph.nodes, copied.nodes):
-        new.meta = dict(old.meta)
+    copied.output(copied.graph_copy(graph, {}))
     return copied
 
 
-def _retype_placeholder(node: torch.fx.Node, fake_mode) -> None:
-    from torch.fx.passes.shape_prop import _extract_tensor_metadata
-
-    value = _value(node)
+def _as_complex(graph: torch.fx.Graph, node: torch.fx.Node, pairs: dict, fake_mode) -> torch.fx.Node:
+    """A complex result: its pair viewed as complex, before the output."""
+    with graph.inserting_before(graph.output_node()):
+        result = graph.call_function(aten.view_as_complex.default, (pairs[node],))
+    value = value_of(node)
     with fake_mode:
-        pair = torch.view_as_real(value.resolve_conj() if value.is_conj() else value)
-        pair = torch.empty_strided(pair.shape, pair.stride(), dtype=pair.dtype, device=pair.device) \
-            if not pair.is_contiguous() else pair
-    node.meta["val"] = pair
-    node.meta.pop("example_value", None)
-    if "tensor_meta" in node.meta:
-        node.meta["tensor_meta"] = _extract_tensor_metadata(pair)
-    node.meta[COMPLEX_INPUT] = value.dtype
+        result.meta["val"] = torch.empty(value.shape, dtype=value.dtype, device=value.device)
+    return result
 
 
 def _op_name(node: torch.fx.Node) -> str:
@@ -571,10 +554,6 @@ def _op_name(node: torch.fx.Node) -> str:
 
 def _splice(graph: torch.fx.Graph, node: torch.fx.Node, pairs: dict, fake_mode, graph_name: str) -> None:
     """Replace `node` by its rule traced to ATen ops on real parts."""
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    from tori.frontend.decompositions import decomposition_table
-
     op = node.target
     packet = getattr(op, "overloadpacket", None)
     if packet in _REFUSED:
@@ -604,34 +583,16 @@ def _splice(graph: torch.fx.Graph, node: torch.fx.Node, pairs: dict, fake_mode, 
         return pytree.tree_map(lambda v: v.pair if isinstance(v, Complex) else v, result,
                                is_leaf=lambda v: isinstance(v, Complex))
 
-    expected = _value(node)
+    expected = value_of(node)
     try:
-        with fake_mode:
-            traced = make_fx(run, decomposition_table=decomposition_table(), tracing_mode="real")(
-                *(_value(source) for _, source, _ in inputs))
+        result = splice_traced(graph, node, run, [source for _, source, _ in inputs], fake_mode,
+                               what=f"tori's rule for {_op_name(node)} on complex values")
     except UnsupportedOpError:
         raise
     except Exception as error:
         raise UnsupportedOpError(f"tori's rule for {_op_name(node)} on complex values does not cover these "
                                  f"arguments: {type(error).__name__}: {error}", stage=Stage.TORCH.value,
                                  graph=graph_name, op=_op_name(node)) from error
-    env: dict[torch.fx.Node, Any] = {}
-    sources = iter(source for _, source, _ in inputs)
-    result = None
-    with graph.inserting_before(node):
-        for sub in traced.graph.nodes:
-            if sub.op == "placeholder":
-                env[sub] = next(sources)
-            elif sub.op == "output":
-                result = pytree.tree_map(lambda n: env[n] if isinstance(n, torch.fx.Node) else n, sub.args[0])
-            elif sub.op == "get_attr":
-                raise UnsupportedOpError(f"tori's rule for {_op_name(node)} on complex values made a constant",
-                                         stage=Stage.TORCH.value, graph=graph_name, op=_op_name(node))
-            else:
-                env[sub] = graph.node_copy(sub, lambda n: env[n])
-                for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
-                    if key in node.meta:
-                        env[sub].meta[key] = node.meta[key]
     _check_shape(node, expected, result, graph_name)
     if isinstance(expected, (list, tuple)):
         if any(_complex_tensor(v) for v in expected):
@@ -643,14 +604,6 @@ def _splice(graph: torch.fx.Graph, node: torch.fx.Node, pairs: dict, fake_mode, 
     if _complex_tensor(expected):
         pairs[node] = result
         return
-    if result in pairs:
-        # A real view of a complex input's pair (view_as_real): the input's node stands
-        # for the complex value, so its real users get a node of their own.
-        with graph.inserting_before(node):
-            alias = graph.call_function(aten.alias.default, (result,))
-        alias.meta = {**result.meta}
-        alias.meta.pop(COMPLEX_INPUT, None)
-        result = alias
     node.replace_all_uses_with(result)
 
 
@@ -661,7 +614,7 @@ def _check_shape(node: torch.fx.Node, expected, result, graph_name: str) -> None
     for want, got in zip(expected_values, results):
         if not isinstance(want, torch.Tensor):
             continue
-        got_value = _value(got)
+        got_value = value_of(got)
         shape = (*want.shape, 2) if want.is_complex() else tuple(want.shape)
         if not isinstance(got_value, torch.Tensor) or tuple(got_value.shape) != shape or \
                 got_value.dtype != real_dtype(want.dtype):

@@ -47,6 +47,7 @@ import torch
 import torch.fx
 
 from tori.aot.parameters import dtype_name
+from tori.frontend.splice import splice_traced
 
 log = logging.getLogger("tori.frontend.quantized")
 
@@ -212,35 +213,20 @@ def _value(node):
 def _splice(gm: torch.fx.GraphModule, node: torch.fx.Node, fn, args: tuple) -> None:
     """Replace `node` with `fn(*args)` traced to ATen ops on the graph's fake values
     (the nodes among `args` are its tensor inputs)."""
-    from torch.fx.experimental.proxy_tensor import make_fx
-
     inputs = [a for a in args if isinstance(a, torch.fx.Node)]
-    fakes = [_value(a) for a in inputs]
 
     def call(*tensors):
         supplied = iter(tensors)
         return fn(*(next(supplied) if isinstance(a, torch.fx.Node) else a for a in args))
 
-    with _fake_mode(fakes):
-        traced = make_fx(call)(*fakes)
-    env = dict(zip(traced.graph.find_nodes(op="placeholder"), inputs))
-    result = None
-    with gm.graph.inserting_before(node):
-        for inner in traced.graph.nodes:
-            if inner.op == "placeholder":
-                continue
-            if inner.op == "output":
-                result = inner.args[0]
-                break
-            env[inner] = gm.graph.node_copy(inner, lambda n: env[n])
+    result = splice_traced(gm.graph, node, call, inputs, _fake_mode([_value(a) for a in inputs]), decompose=False,
+                           what=f"the quantized form of {node.target}")
     if isinstance(result, (tuple, list)):  # a tuple result: the node's getitem users take its parts
         for user in list(node.users):
-            user.replace_all_uses_with(env[result[user.args[1]]])
+            user.replace_all_uses_with(result[user.args[1]])
             gm.graph.erase_node(user)
         gm.graph.erase_node(node)
         return
-    result = env[result]
-    result.meta.update({k: v for k, v in node.meta.items() if k in ("stack_trace", "nn_module_stack", "source_fn_stack")})
     node.replace_all_uses_with(result)
     gm.graph.erase_node(node)
 

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import math
 import operator
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
-from torch.fx.experimental.proxy_tensor import make_fx
-
 from tori.errors import UnsupportedOpError
+from tori.frontend.splice import splice_traced
 from tori.stages import Stage
 
 aten = torch.ops.aten
@@ -298,8 +297,6 @@ def seed_random_ops(gm: torch.fx.GraphModule, graph_name: str) -> bool:
 def _replace(graph: torch.fx.Graph, node: torch.fx.Node, seed: torch.fx.Node, count: int, fake_mode) -> int:
     """Trace `node`'s rule into ATen ops (tori's decompositions applied), splice them in
     place of `node`; return the draw count after it."""
-    from tori.frontend.decompositions import decomposition_table
-
     leaves, spec = pytree.tree_flatten((node.args, node.kwargs))
     inputs = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.fx.Node)]
     rule = _RULES[node.target]
@@ -316,23 +313,8 @@ def _replace(graph: torch.fx.Graph, node: torch.fx.Node, seed: torch.fx.Node, co
         after[0] = draws.count
         return result
 
-    with fake_mode:
-        traced = make_fx(run, decomposition_table=decomposition_table(), tracing_mode="real")(
-            seed.meta["val"], *(leaves[i].meta["val"] for i in inputs))
-    env: dict[torch.fx.Node, Any] = {}
-    sources = iter([seed, *(leaves[i] for i in inputs)])
-    result = None
-    with graph.inserting_before(node):
-        for sub in traced.graph.nodes:
-            if sub.op == "placeholder":
-                env[sub] = next(sources)
-            elif sub.op == "output":
-                result = pytree.tree_map(lambda n: env[n] if isinstance(n, torch.fx.Node) else n, sub.args[0])
-            elif sub.op == "get_attr":
-                raise UnsupportedOpError(f"the seeded rule of {node.target} made a constant tensor",
-                                         stage=Stage.TORCH.value, op=f"{node.target}")
-            else:
-                env[sub] = graph.node_copy(sub, lambda n: env[n])
+    result = splice_traced(graph, node, run, [seed, *(leaves[i] for i in inputs)], fake_mode,
+                           what=f"the seeded rule of {node.target}")
     if isinstance(node.meta.get("val"), (tuple, list)):
         for user in list(node.users):
             if user.op == "call_function" and user.target is operator.getitem:

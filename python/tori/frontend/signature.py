@@ -12,8 +12,6 @@ import torch
 import torch.fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from tori.frontend.complex_values import COMPLEX_OUTPUTS
-
 
 class ArgKind(enum.Enum):
     TENSOR = "tensor"
@@ -105,12 +103,10 @@ def split_outputs(graph: torch.fx.Graph) -> tuple[GraphSignature, list[torch.fx.
     outputs = list(raw) if isinstance(raw, (list, tuple)) else [raw]
     computed: list[torch.fx.Node] = []
     results = []
-    # Complex results travel as real pairs (frontend/complex_values.py) and are returned as complex.
-    complex_outputs = output_node.meta.get(COMPLEX_OUTPUTS, {})
-    for position, out in enumerate(outputs):
+    for out in outputs:
         val = _value(out)
         if isinstance(out, torch.fx.Node) and isinstance(val, (torch.Tensor, torch.SymInt, torch.SymFloat)):
-            dtype = complex_outputs.get(position, val.dtype) if isinstance(val, torch.Tensor) else None
+            dtype = val.dtype if isinstance(val, torch.Tensor) else None
             results.append(Result(index=len(computed), dtype=dtype))
             computed.append(out)
         else:

@@ -27,8 +27,8 @@ log = logging.getLogger("tori.runtime")
 FORMAT = "tori-artifact"
 # Raised whenever an older reader could not run a newer artifact correctly. Version 2:
 # an entry point may take a seed for its random ops (its `seed` field). Version 3: an
-# input or output may be complex (passed to the module as real pairs). Artifacts are
-# written with the lowest version that describes them.
+# input or output may be complex. Artifacts are written with the lowest version that
+# describes them.
 FORMAT_VERSION = 3
 MANIFEST = "manifest.json"
 PARAMETER_SCOPE = "model"
@@ -40,8 +40,6 @@ NUMPY_DTYPES: dict[str, np.dtype] = {
     "int8": np.dtype(np.int8), "uint8": np.dtype(np.uint8), "bool": np.dtype(np.bool_),
     "complex64": np.dtype(np.complex64), "complex128": np.dtype(np.complex128),
 }
-# A complex value crosses the module's boundary as real pairs (a trailing dim of 2).
-_PAIR_OF = {np.dtype(np.complex64): np.dtype(np.float32), np.dtype(np.complex128): np.dtype(np.float64)}
 _INTEGER_OF_WIDTH = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
 _FLOAT_OF_WIDTH = {2: np.float16, 4: np.float32, 8: np.float64}
 
@@ -269,8 +267,6 @@ class EntryPoint:
         transfer = artifact._transfer
         arguments = rt.VmVariantList(len(arrays) + self.seeded)
         for array in arrays:
-            if array.dtype in _PAIR_OF:
-                array = as_pairs(array)
             if array.dtype == np.float64 and not artifact.float64:
                 array = array.astype(np.float32)
             arguments.push_ref(transfer.upload(array, _element_type(array.dtype)))
@@ -284,29 +280,9 @@ class EntryPoint:
         except (RuntimeError, ValueError) as error:
             raise ArtifactError(f"entry point '{self.name}' failed on IREE's {artifact.driver} driver: {error}",
                                 path=artifact.path) from error
-        values = tuple(_downloaded(transfer, results.get_as_object(i, rt.HalBufferView), NUMPY_DTYPES[o["dtype"]])
+        values = tuple(transfer.download(results.get_as_object(i, rt.HalBufferView), NUMPY_DTYPES[o["dtype"]])
                        for i, o in enumerate(outputs))
         return values[0] if len(values) == 1 else values
-
-
-def as_pairs(array: np.ndarray) -> np.ndarray:
-    """A complex array as its real pairs, shape + [2] (a view where it is contiguous)."""
-    return np.ascontiguousarray(array).view(_PAIR_OF[array.dtype]).reshape(*array.shape, 2)
-
-
-def _downloaded(transfer: "_Transfer", view: Any, dtype: np.dtype) -> np.ndarray:
-    if dtype not in _PAIR_OF:
-        return transfer.download(view, dtype)
-    pairs = np.ascontiguousarray(transfer.download(view, _PAIR_OF[dtype]))
-    return pairs.view(dtype)[..., 0]
-
-
-def _reinterpreted(view: Any, shape: list[int], element_type: int):
-    """The same device buffer seen with another shape and element type (complex values
-    and their real pairs), without a copy."""
-    import iree.runtime as rt
-
-    return rt.HalBufferView(view.get_buffer(), shape, element_type)
 
 
 # DLPack's device type codes of the targets whose memory DLPack consumers (torch, CuPy,
@@ -363,8 +339,6 @@ def _dlpack_call(entry: "EntryPoint", tensors: Sequence[Any]) -> Any:
             raise ArtifactError(f"input '{spec['name']}' must be {spec['dtype']} of shape {fixed}, got element type "
                                 f"{view.element_type} of shape {list(view.shape)}", path=artifact.path / MANIFEST,
                                 field=f"entry_points.{entry.name}.inputs")
-        if NUMPY_DTYPES[spec["dtype"]] in _PAIR_OF:
-            view = _reinterpreted(view, [*view.shape, 2], _element_type(_PAIR_OF[NUMPY_DTYPES[spec["dtype"]]]))
         arguments.push_ref(view)
     results = rt.VmVariantList(len(entry.spec["outputs"]))
     try:
@@ -372,13 +346,8 @@ def _dlpack_call(entry: "EntryPoint", tensors: Sequence[Any]) -> Any:
     except (RuntimeError, ValueError) as error:
         raise ArtifactError(f"entry point '{entry.name}' failed on IREE's {artifact.driver} driver: {error}",
                             path=artifact.path) from error
-    views = []
-    for i, spec in enumerate(entry.spec["outputs"]):
-        view = results.get_as_object(i, rt.HalBufferView)
-        if NUMPY_DTYPES[spec["dtype"]] in _PAIR_OF:
-            view = _reinterpreted(view, list(view.shape)[:-1], _element_type(NUMPY_DTYPES[spec["dtype"]]))
-        views.append(view)
-    values = tuple(DLPackResult(artifact.device, view, (dl_type, 0)) for view in views)
+    values = tuple(DLPackResult(artifact.device, results.get_as_object(i, rt.HalBufferView), (dl_type, 0))
+                   for i in range(len(entry.spec["outputs"])))
     return values[0] if len(values) == 1 else values
 
 

@@ -19,7 +19,6 @@ import torch
 from torch.utils.dlpack import to_dlpack
 
 from tori.errors import ToriRuntimeError, runtime_check_error
-from tori.frontend.complex_values import as_pairs, real_dtype
 from tori.frontend.signature import ArgKind, GraphSignature
 from tori.runtime import transfer
 from tori.runtime.module import LoadedModule
@@ -311,9 +310,7 @@ class CompiledGraph:
             elif dtype is None:
                 outputs.append(results.get_variant(index))
             else:
-                view = results.get_as_object(index, rt.HalBufferView)
-                outputs.append(_as_dtype(transfer.download(device, view, real_dtype(dtype)), dtype)
-                               if dtype.is_complex else transfer.download(device, view, dtype))
+                outputs.append(transfer.download(device, results.get_as_object(index, rt.HalBufferView), dtype))
         return outputs
 
 
@@ -329,8 +326,8 @@ def _importable(value: torch.Tensor) -> tuple[torch.Tensor, int]:
     IREE's heap buffers must be), and the address of that memory."""
     if value.requires_grad:
         value = value.detach()
-    if value.is_complex():  # passed as its real pairs (frontend/complex_values.py)
-        value = as_pairs(value)
+    if value.is_conj():  # DLPack exports no conjugate bit
+        value = value.resolve_conj()
     address = value.data_ptr()
     if address % _IREE_HEAP_ALIGNMENT or not value.is_contiguous():
         value = value.clone(memory_format=torch.contiguous_format)
@@ -339,8 +336,6 @@ def _importable(value: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 
 def _as_dtype(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    if dtype.is_complex:  # a complex result comes back as its real pairs
-        return torch.view_as_complex(tensor.to(real_dtype(dtype)))
     # IREE has signless integers: an unsigned result comes back as the signed type
     # of the same width, which a bit-for-bit view restores.
     if tensor.element_size() == dtype.itemsize:

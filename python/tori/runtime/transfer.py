@@ -34,8 +34,8 @@ def element_type(dtype: torch.dtype) -> int:
 def upload(device: rt.HalDevice, tensor: torch.Tensor) -> rt.HalBufferView:
     """A device buffer holding a copy of the CPU tensor `tensor`."""
     tensor = tensor.detach()
-    if tensor.is_complex():  # passed as its real pairs (frontend/complex_values.py)
-        tensor = torch.view_as_real(tensor.resolve_conj())
+    if tensor.is_conj():
+        tensor = tensor.resolve_conj()
     if not tensor.is_contiguous():
         tensor = tensor.contiguous()
     # Bytes, so that dtypes numpy lacks (bfloat16) and 0-d tensors copy alike.

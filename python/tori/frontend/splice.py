@@ -1,0 +1,55 @@
+"""Splicing a replacement into a functional ATen graph: a Python function traced to
+ATen ops on the fake values of the graph's nodes (make_fx) and its nodes copied in
+before the node it replaces. Shared by the graph rewrites (complex values, seeded
+random ops, quantized patterns)."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.fx
+import torch.utils._pytree as pytree
+
+from tori.errors import UnsupportedOpError
+from tori.stages import Stage
+
+# Node metadata that names the source of an op: copied onto what replaces it, so that
+# reports and profiles still point at the user's line.
+_SOURCE_KEYS = ("stack_trace", "nn_module_stack", "source_fn_stack")
+
+
+def value_of(node: Any) -> Any:
+    return node.meta.get("val", node.meta.get("example_value")) if isinstance(node, torch.fx.Node) else node
+
+
+def splice_traced(graph: torch.fx.Graph, node: torch.fx.Node, fn: Callable, sources: list[torch.fx.Node],
+                  fake_mode, *, decompose: bool = True, what: str = "") -> Any:
+    """fn(*values of `sources`) traced under `fake_mode` (with tori's decompositions
+    when `decompose`) and copied into `graph` before `node`; returns fn's result with
+    the copied nodes in place of the traced ones. A replacement that makes a constant
+    tensor is refused (UnsupportedOpError naming `what`): the graph holds no attribute
+    for it."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from tori.frontend.decompositions import decomposition_table
+
+    with fake_mode:
+        traced = make_fx(fn, decomposition_table=decomposition_table() if decompose else None,
+                         tracing_mode="real")(*(value_of(s) for s in sources))
+    env: dict[torch.fx.Node, Any] = {}
+    remaining = iter(sources)
+    source_meta = {k: node.meta[k] for k in _SOURCE_KEYS if k in node.meta}
+    result = None
+    with graph.inserting_before(node):
+        for sub in traced.graph.nodes:
+            if sub.op == "placeholder":
+                env[sub] = next(remaining)
+            elif sub.op == "output":
+                result = pytree.tree_map(lambda n: env[n] if isinstance(n, torch.fx.Node) else n, sub.args[0])
+            elif sub.op == "get_attr":
+                raise UnsupportedOpError(f"{what} made a constant tensor", stage=Stage.TORCH.value, op=str(node.target))
+            else:
+                env[sub] = graph.node_copy(sub, lambda n: env[n])
+                env[sub].meta.update(source_meta)
+    return result
