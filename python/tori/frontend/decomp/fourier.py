@@ -23,13 +23,12 @@ DIRECT_MAX = 512
 Pair = tuple[torch.Tensor, torch.Tensor]
 
 
-def _table(rows: int, columns: int, n: int, scale: int, dtype: torch.dtype, device) -> Pair:
-    """cos and sin of 2π (j * k mod n·scale) / (n·scale), j < rows, k < columns."""
-    period = n * scale
+def _table(rows: int, columns: int, n: int, dtype: torch.dtype, device) -> Pair:
+    """cos and sin of 2π (j * k mod n) / n, j < rows, k < columns."""
     j = torch.arange(rows, device=device, dtype=torch.int64)
     k = torch.arange(columns, device=device, dtype=torch.int64)
-    phase = torch.remainder(j[:, None] * k[None, :] * scale, period)
-    angle = phase.to(dtype) * (2 * math.pi / period)
+    phase = torch.remainder(j[:, None] * k[None, :], n)
+    angle = phase.to(dtype) * (2 * math.pi / n)
     return torch.cos(angle), torch.sin(angle)
 
 
@@ -64,7 +63,7 @@ def dft(z: Pair, sign: int) -> Pair:
 def _direct(z: Pair, sign: int) -> Pair:
     re, im = z
     n = re.shape[-1]
-    cos, sin = _table(n, n, n, 1, re.dtype, re.device)
+    cos, sin = _table(n, n, n, re.dtype, re.device)
     # [re, im] @ [[cos, sign·sin], [-sign·sin, cos]]: both parts in one matmul.
     matrix = torch.cat([torch.cat([cos, sign * sin], 1), torch.cat([-sign * sin, cos], 1)], 0)
     out = _matmul_last(torch.cat([re, im], -1), matrix)
@@ -83,7 +82,7 @@ def _four_step(z: Pair, sign: int, a: int, b: int) -> Pair:
     # [..., j1, j2] -> [..., j2, j1]: transforms of length a over j1.
     parts = tuple(p.reshape(*batch, a, b).transpose(-1, -2) for p in z)
     parts = dft(parts, sign)
-    cos, sin = _table(b, a, n, 1, parts[0].dtype, parts[0].device)  # W_n^(j2·k1)
+    cos, sin = _table(b, a, n, parts[0].dtype, parts[0].device)  # W_n^(j2·k1)
     parts = _multiply(parts, (cos, sign * sin))
     # [..., j2, k1] -> [..., k1, j2]: transforms of length b over j2, giving [..., k1, k2].
     parts = dft(tuple(p.transpose(-1, -2) for p in parts), sign)
@@ -143,7 +142,7 @@ def r2c(x: torch.Tensor, dims: list[int], normalization: int, onesided: bool) ->
     kept = n // 2 + 1 if onesided else n
     scale = _scale(normalization, math.prod(x.shape[d] for d in dims))
     if n <= DIRECT_MAX and not rest:
-        cos, sin = _table(n, kept, n, 1, x.dtype, x.device)
+        cos, sin = _table(n, kept, n, x.dtype, x.device)
         matrix = torch.stack([cos, -sin], -1).reshape(n, 2 * kept)
         if scale != 1:
             matrix = matrix * scale
@@ -185,7 +184,7 @@ def c2r(z: Pair, dims: list[int], normalization: int, last_dim_size: int) -> tor
     def real_idft(moved: Pair) -> Pair:
         re, im = moved
         if n <= DIRECT_MAX:
-            cos, sin = _table(kept, n, n, 1, re.dtype, re.device)
+            cos, sin = _table(kept, n, n, re.dtype, re.device)
             # Entries 1 .. (n - 1) // 2 stand for themselves and their mirror.
             weight = torch.where(_single(kept, n, re.device), 1.0, 2.0).to(re.dtype)[:, None]
             out = _matmul_last(torch.cat([re, im], -1), torch.cat([weight * cos, -weight * sin], 0))
