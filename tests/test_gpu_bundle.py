@@ -16,6 +16,10 @@ from tori.targets.inspect import inspect_vmfb
 ROOT = Path(__file__).resolve().parent.parent
 LIMIT = 64 << 20
 REAL = {"timm_test_efficientnet", "transformers_bert_tiny"}
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from models import MODELS  # noqa: E402
+
+EXPECTED = len(MODELS) + len(REAL)  # every benchmark model, and the real ones
 
 # Imported at interpreter start (sitecustomize): what the GPU machine lacks cannot be imported.
 BLOCKER = textwrap.dedent("""
@@ -36,7 +40,7 @@ def test_the_gpu_check_bundle_builds_under_64_mib_and_its_dry_run_passes(tmp_pat
     size = sum(p.stat().st_size for p in bundle.rglob("*") if p.is_file())
     assert size < LIMIT and f"{size / (1 << 20):.1f} MiB" in built.stdout
     manifest = json.loads((bundle / "bundle.json").read_text())
-    assert REAL <= set(manifest["models"]) and len(manifest["models"]) == 9
+    assert REAL <= set(manifest["models"]) and len(manifest["models"]) == EXPECTED
     assert [w for w in manifest["wheels"] if "cp312" in w and w.startswith("iree_base_runtime-3.13.0")]
     for name, model in manifest["models"].items():
         assert set(model["artifacts"]) == {"sm_90", "sm_80"} and model["eager"], name
@@ -58,7 +62,7 @@ def test_the_gpu_check_bundle_builds_under_64_mib_and_its_dry_run_passes(tmp_pat
     assert ran.returncode == 0, ran.stdout[-3000:] + ran.stderr[-3000:]
     assert "carried wheel iree_base_runtime-3.13.0-cp312" in ran.stdout and "installs for Python 3.12" in ran.stdout
     summary = json.loads(result.read_text())
-    assert summary["device"] == "cpu" and summary["artifacts"] == 9 and summary["failed"] == []
+    assert summary["device"] == "cpu" and summary["artifacts"] == EXPECTED and summary["failed"] == []
     for row in summary["rows"]:
         assert row["ok"] and row["numpy"]["max_error"] <= 2e-3 and row["dlpack"]["max_error"] <= 2e-3, row
         assert row["dlpack"]["on"] == "cpu" and row["eager"]["ms"] > 0 and row["eager"]["max_error"] <= 2e-3, row

@@ -492,10 +492,9 @@ def rewrite_complex(gm: torch.fx.GraphModule, graph_name: str = "") -> torch.fx.
     pairs: dict[torch.fx.Node, Any] = {}  # complex node -> its pair node (or list of them)
     replaced: list[torch.fx.Node] = []
     original = list(graph.nodes)
-    placeholders = graph.find_nodes(op="placeholder")
-    for node in reversed(placeholders):  # the pairs after the last placeholder, in order
+    for node in graph.find_nodes(op="placeholder"):
         if _complex_tensor(value_of(node)):
-            with graph.inserting_after(placeholders[-1]):
+            with graph.inserting_after(node):  # placeholders may come after other nodes (partition's parts)
                 pairs[node] = graph.call_function(aten.view_as_real.default, (node,))
             with fake_mode:
                 pairs[node].meta["val"] = as_pairs(value_of(node))
