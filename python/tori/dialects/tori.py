@@ -15,6 +15,7 @@ attributes; `tori-lower-dialect` replaces each by its operand before IREE.
 
 # No `from __future__ import annotations`: the ops' fields are read from live annotations.
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -187,9 +188,14 @@ OPS = (DimFactsOp, IntFactsOp, AssumedConstantOp)
 OP_NAMES = frozenset(op.OPERATION_NAME for op in OPS)
 
 
+_LOAD_LOCK = threading.Lock()
+
+
 def load(context: ir.Context) -> None:
-    """Load the dialect into `context` (once per context)."""
-    with context:
+    """Load the dialect into `context` (once per context). One thread at a time: two
+    threads compiling at once crashed the interpreter inside Torch-MLIR's Python
+    dialect loading (a segmentation fault in test_reliability's concurrent compiles)."""
+    with _LOAD_LOCK, context:
         Tori.load()
 
 
