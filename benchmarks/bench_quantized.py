@@ -1,7 +1,7 @@
 """Low precision through tori, each ratio from one process (`make bench-quantized`):
 
 - int8 PT2E (torchao's prepare_pt2e / convert_pt2e, X86InductorQuantizer: int8
-  per-channel weights, uint8 activations, static): latency of the int8 model against
+  per-channel weights, uint8 activations, static and dynamic): latency of the int8 model against
   the float32 one, both through tori, and eager's for both; agreement with eager's
   int8 model and with float32; the exported artifacts' sizes (external weights).
 - weight-only int8 decoding (torchao's Int8WeightOnlyConfig): transformers'
@@ -77,8 +77,8 @@ def _bytes(folder: Path) -> int:
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file() and "examples" not in f.parts)
 
 
-def measure_pt2e(name: str, model, args: tuple, seconds: float) -> dict:
-    quantized = quantize_pt2e(model, *args, calibration=1)
+def measure_pt2e(name: str, model, args: tuple, seconds: float, dynamic: bool = False) -> dict:
+    quantized = quantize_pt2e(model, *args, calibration=1, dynamic=dynamic)
     options = {"fallback": "error"}
     with torch.no_grad():
         int8 = torch.compile(quantized, backend="tori", options=options)
@@ -93,7 +93,8 @@ def measure_pt2e(name: str, model, args: tuple, seconds: float) -> dict:
         sizes = {kind: _bytes(tori.export(m, args, output_dir=Path(folder) / kind, external_weights=True,
                                           examples=False))
                  for kind, m in (("int8", quantized), ("float32", model))}
-    return {"model": name, "median_ms": ms, "int8_over_float32_tori": ms["tori int8"] / ms["tori float32"],
+    return {"model": name, "activations": "dynamic" if dynamic else "static", "median_ms": ms,
+            "int8_over_float32_tori": ms["tori int8"] / ms["tori float32"],
             "first_call_s": first_s,
             "max_error_vs_eager_int8": (out - eager_int8).abs().max().item(),
             "max_error_eager_int8_vs_float32": (eager_int8 - eager_float).abs().max().item(),
@@ -111,7 +112,7 @@ def measure_bf16(name: str, model, args: tuple, seconds: float) -> dict:
         ms.update(_interleaved({"tori float32": torch.compile(model, backend="tori", options={"fallback": "error"})},
                                args, seconds / 2))
     scale = reference.abs().max().item()
-    return {"model": name, "median_ms": ms, "dtype": str(out.dtype),
+    return {"model": name, "activations": "dynamic" if dynamic else "static", "median_ms": ms, "dtype": str(out.dtype),
             "max_error_vs_eager_autocast": (out.float() - expected.float()).abs().max().item() / scale,
             "max_error_eager_autocast_vs_float32": (expected.float() - reference).abs().max().item() / scale}
 
@@ -189,13 +190,14 @@ def main() -> None:
     os.environ.setdefault("TORI_CACHE_DIR", tempfile.mkdtemp(prefix="tori-bench-quantized-"))
     results = {"pt2e": [], "bf16": [], "decode": None}
     for name, (model, inputs) in _models().items():
-        row = measure_pt2e(name, model, inputs, args.seconds)
-        results["pt2e"].append(row)
-        print(f"int8 PT2E {name:<14} tori int8 {row['median_ms']['tori int8']:8.2f} ms, float32 "
-              f"{row['median_ms']['tori float32']:8.2f} ms: {row['int8_over_float32_tori']:.2f}x; eager int8 "
-              f"{row['median_ms']['eager int8']:8.2f}, float32 {row['median_ms']['eager float32']:8.2f}; artifact "
-              f"{row['artifact_ratio']:.2f}x; error vs eager int8 {row['max_error_vs_eager_int8']:.2g} "
-              f"(int8 vs float32 {row['max_error_eager_int8_vs_float32']:.2g})", flush=True)
+        for dynamic in (False, True):
+            row = measure_pt2e(name, model, inputs, args.seconds, dynamic)
+            results["pt2e"].append(row)
+            print(f"int8 PT2E {row['activations']:<7} {name:<14} tori int8 {row['median_ms']['tori int8']:8.2f} ms, float32 "
+                  f"{row['median_ms']['tori float32']:8.2f} ms: {row['int8_over_float32_tori']:.2f}x; eager int8 "
+                  f"{row['median_ms']['eager int8']:8.2f}, float32 {row['median_ms']['eager float32']:8.2f}; artifact "
+                  f"{row['artifact_ratio']:.2f}x; error vs eager int8 {row['max_error_vs_eager_int8']:.2g} "
+                  f"(int8 vs float32 {row['max_error_eager_int8_vs_float32']:.2g})", flush=True)
         row = measure_bf16(name, model, inputs, args.seconds)
         results["bf16"].append(row)
         print(f"bf16 autocast {name:<14} tori {row['median_ms']['tori bf16 autocast']:8.2f} ms, eager "

@@ -267,7 +267,9 @@ def test_weight_only_int8_decoding_gives_eager_tokens():
 @pytest.mark.parametrize("model,shape", [(MLP, (16, 64)), (CNN, (2, 3, 20, 18))], ids=["mlp", "cnn"])
 def test_dynamic_activation_quantization_matches_eager(model, shape):
     """Scales and zero points computed per call (choose_qparams) compile, with eager's
-    arithmetic: the same values to float32 rounding; linear layers run integer matmuls."""
+    arithmetic: the same values to float32 rounding; linear layers and convolutions (the
+    CNN's strides, padding and dilation, its input padded with the per-call zero point)
+    run integer matmuls."""
     torch.manual_seed(0)
     net, x = model().eval(), torch.randn(*shape)
     quantized = quantize_pt2e(net, x, dynamic=True)
@@ -277,6 +279,6 @@ def test_dynamic_activation_quantization_matches_eager(model, shape):
         # a second input with another range: its scale is computed again, not baked in
         assert_matches_eager(quantized, torch.randn(*shape) * 5, rtol=0, atol=1e-4)
     assert "choose_qparams" not in graph.stages["aten"]
-    integer, _ = _integer_matmuls(graph)
-    linears = sum(isinstance(m, torch.nn.Linear) for m in net.modules())
-    assert len(integer) == linears, integer
+    integer, others = _integer_matmuls(graph)
+    layers = sum(isinstance(m, (torch.nn.Linear, torch.nn.Conv2d)) for m in net.modules())
+    assert len(integer) == layers and not others, (integer, others)

@@ -26,15 +26,17 @@ it for the CPU's integer dot-product instructions. Three forms escape it:
   (IREE failed on `choose_qparams`) and their PyTorch kernels read the tensors with
   `.item()`. A linear layer (2-D `mm` of a per-call dequantized activation and an
   int8 weight) becomes `torch._int_mm` with the zero-point corrections and scales
-  applied after; the ops left become formulas in torch ops with eager's arithmetic.
+  applied after, and a 2-D convolution the same after im2col (the input padded with
+  its per-call zero point); the ops left become formulas in torch ops with eager's
+  arithmetic.
 
 Weight-only quantization (int8 weights widened to float before a float matmul) is
 tori-int8-weight-matmul's (passes/int8_weight_matmul.py).
 
 Never changes: quantize/dequantize pairs whose quantized tensor is used otherwise
 (returned, or read by other ops), grouped or transposed convolutions, and graphs
-without these ops. Convolutions and 3-D matmuls of dynamically quantized activations
-run in float32 on the dequantized values.
+without these ops. 3-D matmuls of dynamically quantized activations run in float32 on
+the dequantized values.
 """
 
 from __future__ import annotations
@@ -90,30 +92,62 @@ def _signed_activations(gm: torch.fx.GraphModule, qd) -> int:
     return rewritten
 
 
+def _columns(q_input: torch.Tensor, pad_value, kh: int, kw: int, stride, padding, dilation) -> tuple:
+    """im2col of a quantized NCHW input, padded with `pad_value` (its zero point, a number
+    or a one-element tensor): rows (n, oh, ow), columns in a weight's (c, kh, kw) order;
+    and (batch, out_h, out_w)."""
+    batch, channels, height, width = q_input.shape
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
+    out_h = (height + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    out_w = (width + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    padded = q_input
+    if (ph or pw) and isinstance(pad_value, torch.Tensor):  # a per-call zero point: the border set after padding
+        inside = aten.constant_pad_nd.default(torch.ones(height, width, dtype=torch.bool), [pw, pw, ph, ph], 0)
+        padded = torch.where(inside, aten.constant_pad_nd.default(q_input, [pw, pw, ph, ph], 0),
+                             pad_value.to(q_input.dtype))
+    elif ph or pw:
+        padded = aten.constant_pad_nd.default(q_input, [pw, pw, ph, ph], pad_value)
+    taps = [padded[:, :, i * dh: i * dh + sh * (out_h - 1) + 1: sh, j * dw: j * dw + sw * (out_w - 1) + 1: sw]
+            for i in range(kh) for j in range(kw)]
+    columns = torch.stack(taps, 2).permute(0, 3, 4, 1, 2).reshape(batch * out_h * out_w, channels * kh * kw)
+    return columns, (batch, out_h, out_w)
+
+
+def _to_nchw(rows: torch.Tensor, shape: tuple, bias: torch.Tensor | None) -> torch.Tensor:
+    """A convolution's [n*oh*ow, o] matmul result as NCHW, plus its bias."""
+    outputs = rows.shape[1]
+    out = rows.reshape(*shape, outputs).permute(0, 3, 1, 2)
+    return out if bias is None else out + bias.reshape(1, outputs, 1, 1)
+
+
 def quantized_conv2d(q_input: torch.Tensor, input_scale: float, input_zero: int, input_low: int, input_high: int,
                      q_weight: torch.Tensor, weight_scale, weight_zero, weight_low: int, weight_high: int,
                      per_channel: bool, bias: torch.Tensor | None, stride, padding, dilation) -> torch.Tensor:
     """conv2d(dequantize(q_input), dequantize(q_weight)) + bias as im2col of the int8
     input and one matmul of dequantized operands, which Torch-MLIR makes an integer one."""
     qd = torch.ops.quantized_decomposed
-    batch, channels, height, width = q_input.shape
     outputs, _, kh, kw = q_weight.shape
-    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
-    out_h = (height + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-    out_w = (width + 2 * pw - dw * (kw - 1) - 1) // sw + 1
-    padded = aten.constant_pad_nd.default(q_input, [pw, pw, ph, ph], input_zero) if ph or pw else q_input
-    taps = [padded[:, :, i * dh: i * dh + sh * (out_h - 1) + 1: sh, j * dw: j * dw + sw * (out_w - 1) + 1: sw]
-            for i in range(kh) for j in range(kw)]
-    # rows (n, oh, ow), columns in the weight's (c, kh, kw) order
-    columns = torch.stack(taps, 2).permute(0, 3, 4, 1, 2).reshape(batch * out_h * out_w, channels * kh * kw)
+    columns, shape = _columns(q_input, input_zero, kh, kw, stride, padding, dilation)
     x = qd.dequantize_per_tensor.default(columns, input_scale, input_zero, input_low, input_high, torch.int8)
-    flat = q_weight.reshape(outputs, channels * kh * kw)
+    flat = q_weight.reshape(outputs, -1)
     if per_channel:
         w = qd.dequantize_per_channel.default(flat, weight_scale, weight_zero, 0, weight_low, weight_high, torch.int8)
     else:
         w = qd.dequantize_per_tensor.default(flat, weight_scale, weight_zero, weight_low, weight_high, torch.int8)
-    out = torch.mm(x, w.permute(1, 0)).reshape(batch, out_h, out_w, outputs).permute(0, 3, 1, 2)
-    return out if bias is None else out + bias.reshape(1, outputs, 1, 1)
+    return _to_nchw(torch.mm(x, w.permute(1, 0)), shape, bias)
+
+
+def dynamic_int8_conv2d(q_input: torch.Tensor, input_scale: torch.Tensor, input_zero: torch.Tensor,
+                        input_dtype: torch.dtype, q_weight: torch.Tensor, weight_scale, weight_zero,
+                        bias: torch.Tensor | None, stride, padding, dilation) -> torch.Tensor:
+    """conv2d(dequantize(q_input), dequantize(q_weight)) + bias for an activation quantized
+    per call: im2col of the quantized input (padded with its zero point, which
+    dequantizes to 0) and `dynamic_int8_linear` against the weight as [O, C*kh*kw]."""
+    outputs, _, kh, kw = q_weight.shape
+    columns, shape = _columns(q_input, input_zero, kh, kw, stride, padding, dilation)
+    rows = dynamic_int8_linear(columns, input_scale, input_zero, input_dtype, q_weight.reshape(outputs, -1),
+                               weight_scale, weight_zero)
+    return _to_nchw(rows, shape, bias)
 
 
 def _pair(value, default: int) -> tuple[int, int] | None:
@@ -154,34 +188,66 @@ def _rank(node) -> int | None:
     return value.dim() if isinstance(value, torch.Tensor) else None
 
 
+def qd_op(name: str, overload: str = "default"):
+    return getattr(getattr(torch.ops.quantized_decomposed, name), overload)
+
+
+def _int8_weight(w) -> tuple | None:
+    """(q_weight, scale, zero point, low, high, per_channel) of a float32 dequantize of an
+    int8 tensor, per tensor or per channel along dim 0; else None."""
+    if _is(w, qd_op("dequantize_per_channel")) and len(w.args) >= 7 and not w.kwargs:
+        q_weight, scale, zero, axis, low, high, dtype = w.args[:7]
+        out_dtype, per_channel = w.args[7] if len(w.args) > 7 else None, True
+        if axis != 0:
+            return None
+    elif _is(w, qd_op("dequantize_per_tensor")) and len(w.args) >= 6 and not w.kwargs:
+        q_weight, scale, zero, low, high, dtype = w.args[:6]
+        out_dtype, per_channel = w.args[6] if len(w.args) > 6 else None, False
+    else:
+        return None
+    if dtype != torch.int8 or out_dtype not in (None, torch.float32):
+        return None
+    return q_weight, scale, zero, low, high, per_channel
+
+
+def _dynamic_input(x) -> tuple | None:
+    """(q_input, scale, zero point, dtype) of a float32 dequantize of an activation
+    quantized per call (scale and zero point tensors) to int8 or uint8's whole range."""
+    if not _is(x, qd_op("dequantize_per_tensor", "tensor")) or len(x.args) != 6 or x.kwargs.get("out_dtype") not in (
+            None, torch.float32):
+        return None
+    q_input, scale, zero, low, high, dtype = x.args
+    if (low, high) != {torch.int8: (-128, 127), torch.uint8: (0, 255)}.get(dtype):
+        return None
+    return q_input, scale, zero, dtype
+
+
 def _integer_convolutions(gm: torch.fx.GraphModule, qd) -> int:
+    """2-D one-group convolutions of an int8 weight and an activation quantized to int8
+    with constant parameters (`quantized_conv2d`) or per call (`dynamic_int8_conv2d`)."""
     rewritten = 0
     for node in list(gm.graph.nodes):
         found = _conv_args(node)
         if found is None:
             continue
         x, w, bias, stride, padding, dilation = found
+        weight = _int8_weight(w)
+        if weight is None or _rank(weight[0]) != 4:
+            continue
+        q_weight, w_scale, w_zero, w_low, w_high, per_channel = weight
+        geometry = (bias, list(stride), list(padding), list(dilation))
+        dynamic = _dynamic_input(x)
+        if dynamic is not None and _rank(dynamic[0]) == 4:
+            _splice(gm, node, dynamic_int8_conv2d, (*dynamic, q_weight, w_scale, w_zero, *geometry))
+            rewritten += 1
+            continue
         if not _is(x, qd.dequantize_per_tensor.default) or len(x.args) != 6 or x.kwargs:
             continue
         q_input, scale, zero, low, high, dtype = x.args
         if dtype != torch.int8 or not isinstance(scale, float) or not isinstance(zero, int) or _rank(q_input) != 4:
             continue
-        if _is(w, qd.dequantize_per_channel.default) and len(w.args) >= 7 and not w.kwargs:
-            q_weight, w_scale, w_zero, axis, w_low, w_high, w_dtype = w.args[:7]
-            per_channel = True
-            if axis != 0 or (len(w.args) > 7 and w.args[7] not in (None, torch.float32)):
-                continue
-        elif _is(w, qd.dequantize_per_tensor.default) and len(w.args) >= 6 and not w.kwargs:
-            q_weight, w_scale, w_zero, w_low, w_high, w_dtype = w.args[:6]
-            per_channel = False
-            if len(w.args) > 6 and w.args[6] not in (None, torch.float32):
-                continue
-        else:
-            continue
-        if w_dtype != torch.int8 or _rank(q_weight) != 4:
-            continue
         _splice(gm, node, quantized_conv2d, (q_input, scale, zero, low, high, q_weight, w_scale, w_zero, w_low,
-                                             w_high, per_channel, bias, list(stride), list(padding), list(dilation)))
+                                             w_high, per_channel, *geometry))
         rewritten += 1
     return rewritten
 
@@ -257,26 +323,13 @@ def _dynamic_linears(gm: torch.fx.GraphModule, qd) -> int:
         if not _is(node, aten.mm.default):
             continue
         x, transposed = node.args
-        if not _is(x, qd.dequantize_per_tensor.tensor) or len(x.args) != 6 or x.kwargs.get("out_dtype") not in (
-                None, torch.float32):
+        dynamic = _dynamic_input(x)
+        if dynamic is None or not _is(transposed, aten.permute.default) or list(transposed.args[1]) != [1, 0]:
             continue
-        q_input, scale, zero, low, high, dtype = x.args
-        if dtype not in (torch.int8, torch.uint8) or (low, high) != ((-128, 127) if dtype == torch.int8 else (0, 255)):
+        weight = _int8_weight(transposed.args[0])
+        if weight is None or _rank(dynamic[0]) != 2 or _rank(weight[0]) != 2:
             continue
-        if not _is(transposed, aten.permute.default) or list(transposed.args[1]) != [1, 0]:
-            continue
-        w = transposed.args[0]
-        if _is(w, qd.dequantize_per_channel.default) and len(w.args) >= 7 and w.args[3] == 0 and \
-                w.args[6] == torch.int8 and (len(w.args) == 7 or w.args[7] in (None, torch.float32)):
-            q_weight, w_scale, w_zero = w.args[:3]
-        elif _is(w, qd.dequantize_per_tensor.default) and len(w.args) >= 6 and w.args[5] == torch.int8 and \
-                (len(w.args) == 6 or w.args[6] in (None, torch.float32)):
-            q_weight, w_scale, w_zero = w.args[:3]
-        else:
-            continue
-        if _rank(q_input) != 2 or _rank(q_weight) != 2 or w.kwargs:
-            continue
-        _splice(gm, node, dynamic_int8_linear, (q_input, scale, zero, dtype, q_weight, w_scale, w_zero))
+        _splice(gm, node, dynamic_int8_linear, (*dynamic, *weight[:3]))
         rewritten += 1
     return rewritten
 
