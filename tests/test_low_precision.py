@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 import tori
 from tori.frontend.quantized import quantized_conv2d, rewrite_quantized
+from tori.frontend.signature import ArgKind
 from tori.targets.dispatches import dispatches_of, recorded_flow_ir
 from tori.testing import assert_matches_eager, count_graphs, quantize_pt2e
 
@@ -245,6 +246,10 @@ def test_weight_only_int8_linear_layers_read_int8_weights():
     assert len([e for e in per_call if re.search(r"mat(mul|vec)_like_(\d+x)?16x\d+_f32xi8xf32$", e)]) == 3, per_call
     assert not [e for e in per_call if re.search(r"(elementwise_.*i8xf32|transpose.*i8|pack_i8)$", e)], per_call
     assert len([e for e in entries if e.startswith("_initializer") and e.endswith("pack_i8")]) == 3, entries
+    # the layers' zero points (read by nothing) are not passed on each call; the weights
+    # and scales are module globals
+    kinds = graph.compiled.signature.args
+    assert kinds.count(ArgKind.UNUSED) == 3 and kinds.count(ArgKind.RESIDENT) == 9, kinds
 
 
 def test_weight_only_int8_decoding_gives_eager_tokens():

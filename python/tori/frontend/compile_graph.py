@@ -19,7 +19,7 @@ from tori.errors import CompileError
 from tori.frontend.complex_values import rewrite_complex
 from tori.frontend.importer import import_graph, new_importer, to_bytecode
 from tori.frontend.quantized import rewrite_quantized
-from tori.frontend.resident import make_resident, resident_args, with_resident
+from tori.frontend.resident import make_resident, resident_args, unused_args, with_resident
 from tori.frontend.records import GraphRecord
 from tori.frontend.repro import write_repro
 from tori.logs import stage, stage_log
@@ -54,11 +54,13 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
         record.stages[Stage.ATEN] = gm.code
         check_element_types(gm, record.name)
         resident = resident_args(gm, record.kind, options, static_args, inspecting)
+        unused = unused_args(gm)
         with stage(record.name, "import to the torch dialect (Torch-MLIR)"):
-            if resident:
-                source, hooks = make_resident(gm, resident)
-                module, signature = import_graph(source, graph_name=record.name, importer=new_importer(hooks))
-                signature = with_resident(signature, resident)
+            if resident or unused:
+                source, hooks = make_resident(gm, resident, unused)
+                module, signature = import_graph(source, graph_name=record.name,
+                                                 importer=new_importer(hooks) if resident else None)
+                signature = with_resident(signature, resident, unused)
             else:
                 module, signature = import_graph(gm, graph_name=record.name)
         record.stages[Stage.TORCH] = str(module)

@@ -74,27 +74,38 @@ def resident_args(gm: torch.fx.GraphModule, kind: str, options: Options, static_
     return frozenset(chosen)
 
 
-def with_resident(signature, indices: frozenset[int]):
+def unused_args(gm: torch.fx.GraphModule) -> frozenset[int]:
+    """The tensor inputs of `gm` that nothing reads (a weight-only int8 layer's zero
+    points): left out of the module's signature and never passed."""
+    return frozenset(i for i, node in enumerate(gm.graph.find_nodes(op="placeholder"))
+                     if not node.users and isinstance(node.meta.get("val"), torch.Tensor))
+
+
+def with_resident(signature, indices: frozenset[int], unused: frozenset[int] = frozenset()):
     """The signature of the graph before `make_resident`: its resident inputs back in
-    their places, as ArgKind.RESIDENT."""
+    their places, as ArgKind.RESIDENT, and its unused ones as ArgKind.UNUSED."""
     from dataclasses import replace
 
     from tori.frontend.signature import ArgKind
 
     args = list(signature.args)
-    for index in sorted(indices):
-        args.insert(index, ArgKind.RESIDENT)
+    for index in sorted(indices | unused):
+        args.insert(index, ArgKind.RESIDENT if index in indices else ArgKind.UNUSED)
     return replace(signature, args=tuple(args))
 
 
-def make_resident(gm: torch.fx.GraphModule, indices: frozenset[int]) -> tuple[torch.fx.GraphModule, ExternalParameters]:
+def make_resident(gm: torch.fx.GraphModule, indices: frozenset[int],
+                  unused: frozenset[int] = frozenset()) -> tuple[torch.fx.GraphModule, ExternalParameters]:
     """A copy of `gm` in which each input in `indices` is read from a global (the
-    FxImporter hooks that declare them), its placeholder removed."""
+    FxImporter hooks that declare them), its placeholder removed, and the inputs in
+    `unused` (read by nothing) removed."""
     copy = torch.fx.GraphModule(gm, deepcopy(gm.graph))
     hooks = ExternalParameters()
     placeholders = copy.graph.find_nodes(op="placeholder")
     first_use = next(n for n in copy.graph.nodes if n.op != "placeholder")
     for index, node in enumerate(placeholders):
+        if index in unused:
+            copy.graph.erase_node(node)
         if index not in indices:
             continue
         value = node.meta["val"]

@@ -19,6 +19,7 @@ class ArgKind(enum.Enum):
     # A parameter or buffer the module holds as a global (frontend/resident.py): not
     # passed; the runtime checks it is unchanged and reloads the module otherwise.
     RESIDENT = "resident"
+    UNUSED = "unused"  # an input the graph never reads: not passed (frontend/resident.unused_args)
     WRITTEN_TENSOR = "written tensor"  # a tensor IREE may write into: passed as a copy
     INT = "int"
     FLOAT = "float"

@@ -298,7 +298,7 @@ class CompiledGraph:
                 packed.push_ref(slot[4])
             elif kind is ArgKind.INT:
                 packed.push_int(int(value))
-            else:
+            elif kind is ArgKind.FLOAT:
                 packed.push_float(float(value))
         if self._seed is not None:
             packed.push_ref(transfer.upload(device, self._seed.draw()))

@@ -219,7 +219,7 @@ def _inputs(graph, args: list, folder: Path) -> list[str]:
 
     kinds = graph.compiled.signature.args
     resident = {parameter_name(i): args[i] for i, kind in enumerate(kinds) if kind is ArgKind.RESIDENT}
-    values = [a for a, kind in zip(args, kinds) if kind is not ArgKind.RESIDENT]
+    values = [a for a, kind in zip(args, kinds) if kind not in (ArgKind.RESIDENT, ArgKind.UNUSED)]
     if ArgKind.SEED in kinds:
         values.append(torch.tensor(0, dtype=torch.int64))
     flags = []
