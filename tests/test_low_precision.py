@@ -287,3 +287,25 @@ def test_dynamic_activation_quantization_matches_eager(model, shape):
     integer, others = _integer_matmuls(graph)
     layers = sum(isinstance(m, (torch.nn.Linear, torch.nn.Conv2d)) for m in net.modules())
     assert len(integer) == layers and not others, (integer, others)
+
+
+def test_exported_dynamic_int8_model_runs_without_pytorch(tmp_path):
+    """A dynamically quantized CNN with per-tensor weights: compiled with integer
+    matmuls, exported, and run by the torch-free runtime with the compiled results; the
+    manifest records the per-call activation quantization and the int8 weights."""
+    torch.manual_seed(0)
+    net, x = CNN().eval(), torch.randn(2, 3, 20, 18)
+    quantized = quantize_pt2e(net, x, dynamic=True, per_channel=False)
+    with torch.no_grad():
+        compiled = assert_matches_eager(quantized, x, options={"cache": False}, rtol=0, atol=1e-5)
+    integer, others = _integer_matmuls(tori.last_compile().graphs[-1])
+    assert len(integer) == 5 and not others, (integer, others)
+
+    artifact = tori.export(quantized, (x,), output_dir=tmp_path / "dynamic", external_weights=True)
+    loaded = tori.runtime.load(artifact)
+    torch.testing.assert_close(torch.from_numpy(loaded(x.numpy())), compiled, rtol=0, atol=1e-5)
+    quantization = json.loads((artifact / "manifest.json").read_text())["entry_points"]["forward"]["quantization"]
+    activations = [q for q in quantization if q["tensor"] == "activation"]
+    weights = [q for q in quantization if q["tensor"] != "activation"]
+    assert len(activations) == 5 and all(q["scale"] == q["zero_point"] == "computed" for q in activations), activations
+    assert len(weights) == 5 and all(q["dtype"] == "int8" and isinstance(q["scale"], float) for q in weights), weights

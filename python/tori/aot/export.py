@@ -153,8 +153,8 @@ def _export(model: Any, args: tuple | None, kwargs: Mapping[str, Any] | None, *,
         check_functional(program, name=entry)  # in-place updates show once decomposed
         gm = _stateless(program, found, hooks)
         rewrite_quantized(gm)
-        gm = rewrite_complex(gm, entry)
         quantization = quantization_summary(gm)
+        gm = rewrite_complex(gm, entry)
         graphs.append(gm)
         _, signature = import_graph(gm, graph_name=entry, importer=importer, func_name=_function_name(entry))
         specs[entry] = _entry_spec(entry, program, found, entries[entry], symbols)

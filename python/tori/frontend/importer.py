@@ -97,6 +97,27 @@ def _expand_sym_sums(graph: torch.fx.Graph) -> None:
         graph.erase_node(node)
 
 
+def _single_use_constants(graph: torch.fx.Graph) -> None:
+    """Route the uses of a tensor constant (get_attr) read more than once through one
+    `aten.alias` of it. FxImporter imports a get_attr's literal at each use it meets
+    but looks for an earlier one under another key (`(node.target, 0)` against the
+    `(node, 0)` it binds): a second use fails with "Node already has a value"."""
+    for node in list(graph.find_nodes(op="get_attr")):
+        tensor = getattr(graph.owning_module, node.target, None)
+        if not isinstance(tensor, torch.Tensor) or sum(_occurrences(user, node) for user in node.users) < 2:
+            continue
+        with graph.inserting_after(node):
+            alias = graph.call_function(torch.ops.aten.alias.default, (node,))
+        alias.meta = {**node.meta, "val": node.meta.get("val", tensor)}
+        node.replace_all_uses_with(alias, delete_user_cb=lambda user: user is not alias)
+
+
+def _occurrences(user: torch.fx.Node, node: torch.fx.Node) -> int:
+    found = []
+    torch.fx.node.map_arg((user.args, user.kwargs), lambda n: found.append(n) or n)
+    return sum(1 for n in found if n is node)
+
+
 def _drop_size_one_restrides(graph: torch.fx.Graph) -> None:
     """Replace by its input an `as_strided` that keeps the input's sizes, offset and
     strides except those of size-1 dims, which address no other element: the same
@@ -237,6 +258,7 @@ def import_graph(gm: torch.fx.GraphModule, *, graph_name: str, importer: FxImpor
     if seed_random_ops(owner, graph_name):
         signature = replace(signature, args=(*signature.args, ArgKind.SEED))
     graph = owner.graph
+    _single_use_constants(graph)
     _expand_sym_sums(graph)
     _drop_size_one_restrides(graph)
     _float_numbers(graph)

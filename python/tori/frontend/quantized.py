@@ -307,11 +307,14 @@ def dynamic_int8_linear(q_input: torch.Tensor, input_scale: torch.Tensor, input_
         input_zero = input_zero - 128
     depth = q_input.shape[1]
     accumulated = torch._int_mm(q_input, q_weight.permute(1, 0))
-    input_zero, weight_zero = input_zero.to(torch.int32), torch.as_tensor(weight_zero).to(torch.int32)
+    # per-channel weights' scale and zero point are tensors, per-tensor ones numbers
+    input_zero = input_zero.to(torch.int32)
+    weight_zero = weight_zero.to(torch.int32) if isinstance(weight_zero, torch.Tensor) else int(weight_zero)
     rows = q_input.to(torch.int32).sum(1, keepdim=True)
     columns = q_weight.to(torch.int32).sum(1)
     exact = accumulated - weight_zero * rows - input_zero * columns + depth * input_zero * weight_zero
-    scale = input_scale.to(torch.float32) * torch.as_tensor(weight_scale).to(torch.float32)
+    scale = input_scale.to(torch.float32) * (weight_scale.to(torch.float32) if isinstance(weight_scale, torch.Tensor)
+                                             else float(weight_scale))
     return exact.to(torch.float32) * scale
 
 
@@ -372,10 +375,16 @@ def _dynamic_formulas(gm: torch.fx.GraphModule, qd) -> int:
     return rewritten
 
 
+# Views of a weight's dequantized value that a rewrite leaves unread.
+_VIEWS = frozenset({aten.permute.default, aten.t.default, aten.view.default, aten.reshape.default})
+
+
 def _erase_unused(gm: torch.fx.GraphModule) -> None:
+    """The quantize/dequantize ops (and views of them) that rewrites left unread."""
     for node in reversed(list(gm.graph.nodes)):
         if node.op == "call_function" and not node.users and (
-                getattr(node.target, "namespace", None) == "quantized_decomposed" or node.target is operator.getitem):
+                getattr(node.target, "namespace", None) == "quantized_decomposed" or node.target is operator.getitem
+                or node.target in _VIEWS):
             gm.graph.erase_node(node)
 
 
@@ -387,6 +396,7 @@ def rewrite_quantized(gm: torch.fx.GraphModule) -> int:
     qd = _ops()
     if qd is None:
         return 0
+    before = _summary_entries(gm)
     rewritten = _signed_activations(gm, qd) + _integer_convolutions(gm, qd) + _dynamic_linears(gm, qd)
     if rewritten:  # the quantize ops whose dequantize the rewrites replaced
         _erase_unused(gm)
@@ -395,6 +405,12 @@ def rewrite_quantized(gm: torch.fx.GraphModule) -> int:
         _erase_unused(gm)
         gm.recompile()
         log.debug("rewrote %d quantized patterns", rewritten)
+        # The rewritten graph's own entries, and those its rewrites replaced with plain
+        # torch ops: per-call activation quantization, and weights read as int8 directly.
+        after = _summary_entries(gm)
+        stored = {entry["tensor"] for entry in after.values()}
+        gm.meta[_SUMMARY] = [*after.values(), *(entry for node, entry in before.items() if node not in after and (
+            entry["tensor"] == "activation" or entry["tensor"] not in stored))]
     return rewritten
 
 
@@ -419,11 +435,22 @@ def _describe(value):
     return value
 
 
+_SUMMARY = "tori_quantization"  # GraphModule.meta key: the summary of a rewritten graph
+
+
 def quantization_summary(gm: torch.fx.GraphModule) -> list[dict]:
     """The graph's quantization as run: each quantize op of an activation and each
     dequantize of a stored (int8) tensor, with its dtype, range, scale and zero point
-    (numbers, or the names of the parameters holding them)."""
-    summary = []
+    (numbers, the names of the parameters holding them, or "computed" for scales
+    computed per call). After `rewrite_quantized`, also the quantization that its
+    rewrites turned into plain torch ops."""
+    if _SUMMARY in gm.meta:
+        return gm.meta[_SUMMARY]
+    return list(_summary_entries(gm).values())
+
+
+def _summary_entries(gm: torch.fx.GraphModule) -> dict[torch.fx.Node, dict]:
+    summary = {}
     for node in gm.graph.nodes:
         if node.op != "call_function" or getattr(node.target, "namespace", None) != "quantized_decomposed":
             continue
@@ -438,5 +465,5 @@ def quantization_summary(gm: torch.fx.GraphModule) -> list[dict]:
                  "scale": _describe(args[1]), "zero_point": _describe(args[2])}
         if per_channel:
             entry["axis"] = args[3]
-        summary.append(entry)
+        summary[node] = entry
     return summary
