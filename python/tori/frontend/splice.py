@@ -27,9 +27,9 @@ def splice_traced(graph: torch.fx.Graph, node: torch.fx.Node, fn: Callable, sour
                   fake_mode, *, decompose: bool = True, what: str = "") -> Any:
     """fn(*values of `sources`) traced under `fake_mode` (with tori's decompositions
     when `decompose`) and copied into `graph` before `node`; returns fn's result with
-    the copied nodes in place of the traced ones. A replacement that makes a constant
-    tensor is refused (UnsupportedOpError naming `what`): the graph holds no attribute
-    for it."""
+    the copied nodes in place of the traced ones. A constant tensor the replacement
+    makes (a table computed as it is traced) becomes an attribute of the graph's module;
+    a graph without a module refuses it (UnsupportedOpError naming `what`)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from tori.frontend.decompositions import decomposition_table
@@ -48,8 +48,21 @@ def splice_traced(graph: torch.fx.Graph, node: torch.fx.Node, fn: Callable, sour
             elif sub.op == "output":
                 result = pytree.tree_map(lambda n: env[n] if isinstance(n, torch.fx.Node) else n, sub.args[0])
             elif sub.op == "get_attr":
-                raise UnsupportedOpError(f"{what} made a constant tensor", stage=Stage.TORCH.value, op=str(node.target))
+                env[sub] = _constant(graph, getattr(traced, sub.target), what, node)
+                env[sub].meta.update(sub.meta)
             else:
                 env[sub] = graph.node_copy(sub, lambda n: env[n])
                 env[sub].meta.update(source_meta)
     return result
+
+
+def _constant(graph: torch.fx.Graph, tensor: torch.Tensor, what: str, node: torch.fx.Node) -> torch.fx.Node:
+    """A get_attr node of `graph` reading `tensor`, registered on the graph's module."""
+    owner = graph.owning_module
+    if owner is None:
+        raise UnsupportedOpError(f"{what} made a constant tensor", stage=Stage.TORCH.value, op=str(node.target))
+    index = 0
+    while hasattr(owner, f"_tori_constant_{index}"):
+        index += 1
+    owner.register_buffer(f"_tori_constant_{index}", tensor)
+    return graph.get_attr(f"_tori_constant_{index}")

@@ -7,15 +7,20 @@ A transform along one dim is a matmul by the DFT matrix when the length is at mo
 which IREE data-tiles); longer ones factor as n = a * b (Cooley-Tukey's four steps: a
 transform of length a, a twiddle multiply, one of length b, each a matmul again); a
 prime length above `DIRECT_MAX` goes through Bluestein's chirp convolution, computed by
-transforms of a power-of-two length. The tables are functions of `arange` only, which
-IREE evaluates once at load; the phase j * k is reduced modulo n in integers, so that a
-table entry is within a rounding of the exact cosine at any length.
+transforms of a power-of-two length. The tables (DFT matrices, twiddles, chirps) are
+computed as the graph is traced, in float64 with the phase j * k reduced modulo n in
+integers, rounded once to the graph's dtype, and held as constants of the graph:
+computed in the graph, each table was some forty ops of tori's sin and cos that
+iree-compile evaluated again on every compile (a 2-D rfft and irfft of 2x6x7 took
+9.7 s to compile).
 """
 
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
+import numpy as np
 import torch
 
 DIRECT_MAX = 512
@@ -23,13 +28,19 @@ DIRECT_MAX = 512
 Pair = tuple[torch.Tensor, torch.Tensor]
 
 
-def _table(rows: int, columns: int, n: int, dtype: torch.dtype, device) -> Pair:
-    """cos and sin of 2π (j * k mod n) / n, j < rows, k < columns."""
-    j = torch.arange(rows, device=device, dtype=torch.int64)
-    k = torch.arange(columns, device=device, dtype=torch.int64)
-    phase = torch.remainder(j[:, None] * k[None, :], n)
-    angle = phase.to(dtype) * (2 * math.pi / n)
-    return torch.cos(angle), torch.sin(angle)
+@lru_cache(maxsize=64)
+def _angles(rows: int, columns: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin of 2π (j * k mod n) / n, j < rows, k < columns, in float64."""
+    phase = np.remainder(np.arange(rows, dtype=np.int64)[:, None] * np.arange(columns, dtype=np.int64)[None, :], n)
+    angle = phase * (2 * math.pi / n)
+    cos, sin = np.cos(angle), np.sin(angle)
+    cos.flags.writeable = sin.flags.writeable = False
+    return cos, sin
+
+
+def _constant(table: np.ndarray, like: torch.Tensor) -> torch.Tensor:
+    """A float64 table as a constant of the traced graph, in `like`'s dtype and device."""
+    return torch.tensor(table, dtype=like.dtype, device=like.device)
 
 
 def _matmul_last(x: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
@@ -63,9 +74,9 @@ def dft(z: Pair, sign: int) -> Pair:
 def _direct(z: Pair, sign: int) -> Pair:
     re, im = z
     n = re.shape[-1]
-    cos, sin = _table(n, n, n, re.dtype, re.device)
+    cos, sin = _angles(n, n, n)
     # [re, im] @ [[cos, sign·sin], [-sign·sin, cos]]: both parts in one matmul.
-    matrix = torch.cat([torch.cat([cos, sign * sin], 1), torch.cat([-sign * sin, cos], 1)], 0)
+    matrix = _constant(np.block([[cos, sign * sin], [-sign * sin, cos]]), re)
     out = _matmul_last(torch.cat([re, im], -1), matrix)
     return out[..., :n], out[..., n:]
 
@@ -82,8 +93,8 @@ def _four_step(z: Pair, sign: int, a: int, b: int) -> Pair:
     # [..., j1, j2] -> [..., j2, j1]: transforms of length a over j1.
     parts = tuple(p.reshape(*batch, a, b).transpose(-1, -2) for p in z)
     parts = dft(parts, sign)
-    cos, sin = _table(b, a, n, parts[0].dtype, parts[0].device)  # W_n^(j2·k1)
-    parts = _multiply(parts, (cos, sign * sin))
+    cos, sin = _angles(b, a, n)  # W_n^(j2·k1)
+    parts = _multiply(parts, (_constant(cos, parts[0]), _constant(sign * sin, parts[0])))
     # [..., j2, k1] -> [..., k1, j2]: transforms of length b over j2, giving [..., k1, k2].
     parts = dft(tuple(p.transpose(-1, -2) for p in parts), sign)
     return tuple(p.transpose(-1, -2).reshape(*batch, n) for p in parts)
@@ -95,15 +106,18 @@ def _bluestein(z: Pair, sign: int) -> Pair:
     re, im = z
     n = re.shape[-1]
     size = 1 << (2 * n - 2).bit_length()
-    m = torch.arange(n, device=re.device, dtype=torch.int64)
-    angle = torch.remainder(m * m, 2 * n).to(re.dtype) * (math.pi / n)
-    chirp = (torch.cos(angle), sign * torch.sin(angle))  # exp(sign·πi m²/n)
+    m = np.arange(n, dtype=np.int64)
+    angle = np.remainder(m * m, 2 * n) * (math.pi / n)
+    cos, sin = np.cos(angle), sign * np.sin(angle)  # exp(sign·πi m²/n)
+    chirp = (_constant(cos, re), _constant(sin, re))
     pad = [0, size - n]
     weighted = tuple(torch.nn.functional.pad(p, pad) for p in _multiply(z, chirp))
-    # The kernel exp(-sign·πi m²/n) at offsets -(n-1) .. n-1, wrapped around `size`.
-    kernel = (chirp[0], -chirp[1])
-    kernel = tuple(torch.cat([k, k.new_zeros(size - 2 * n + 1), k[1:].flip(0)]) for k in kernel)
-    product = _multiply(dft(weighted, -1), dft(kernel, -1))
+    # The kernel exp(-sign·πi m²/n) at offsets -(n-1) .. n-1, wrapped around `size`, and
+    # its transform (float64 numpy): tables as well.
+    kernel = np.concatenate([cos, np.zeros(size - 2 * n + 1), cos[1:][::-1]]) - 1j * np.concatenate(
+        [sin, np.zeros(size - 2 * n + 1), sin[1:][::-1]])
+    spectrum = np.fft.fft(kernel)
+    product = _multiply(dft(weighted, -1), (_constant(spectrum.real, re), _constant(spectrum.imag, re)))
     conv = dft(product, 1)
     conv = tuple(p[..., :n] / size for p in conv)
     return _multiply(conv, chirp)
@@ -142,10 +156,8 @@ def r2c(x: torch.Tensor, dims: list[int], normalization: int, onesided: bool) ->
     kept = n // 2 + 1 if onesided else n
     scale = _scale(normalization, math.prod(x.shape[d] for d in dims))
     if n <= DIRECT_MAX and not rest:
-        cos, sin = _table(n, kept, n, x.dtype, x.device)
-        matrix = torch.stack([cos, -sin], -1).reshape(n, 2 * kept)
-        if scale != 1:
-            matrix = matrix * scale
+        cos, sin = _angles(n, kept, n)
+        matrix = _constant(np.stack([cos, -sin], -1).reshape(n, 2 * kept) * scale, x)
         out = _matmul_last(x.movedim(last, -1), matrix)
         return out.reshape(*out.shape[:-1], kept, 2).movedim(-2, last if last >= 0 else last - 1)
 
@@ -159,10 +171,10 @@ def r2c(x: torch.Tensor, dims: list[int], normalization: int, onesided: bool) ->
     return torch.stack([p * scale for p in z], -1) if scale != 1 else torch.stack(z, -1)
 
 
-def _single(count: int, n: int, device) -> torch.Tensor:
+def _single(count: int, n: int) -> np.ndarray:
     """Which of the entries 0 .. count - 1 of a length-n spectrum have no mirror
     image: 0, and n / 2 for even n."""
-    k = torch.arange(count, device=device)
+    k = np.arange(count)
     return (k == 0) | (k * 2 == n)
 
 
@@ -184,10 +196,11 @@ def c2r(z: Pair, dims: list[int], normalization: int, last_dim_size: int) -> tor
     def real_idft(moved: Pair) -> Pair:
         re, im = moved
         if n <= DIRECT_MAX:
-            cos, sin = _table(kept, n, n, re.dtype, re.device)
+            cos, sin = _angles(kept, n, n)
             # Entries 1 .. (n - 1) // 2 stand for themselves and their mirror.
-            weight = torch.where(_single(kept, n, re.device), 1.0, 2.0).to(re.dtype)[:, None]
-            out = _matmul_last(torch.cat([re, im], -1), torch.cat([weight * cos, -weight * sin], 0))
+            weight = np.where(_single(kept, n), 1.0, 2.0)[:, None]
+            matrix = _constant(np.concatenate([weight * cos, -weight * sin], 0), re)
+            out = _matmul_last(torch.cat([re, im], -1), matrix)
             return out, out
         # The mirror: entries n - kept .. 1, conjugated; entry 0's imaginary part (and n / 2's
         # for even n) is dropped, as eager drops it.
