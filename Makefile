@@ -24,9 +24,12 @@ venv: $(STAMP)
 demo: $(STAMP)
 	$(PY) -m tori.demo
 
+# The suite in TEST_WORKERS processes (pytest-xdist); tests marked with one `xdist_group`
+# run in the same worker, one after another.
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	bash tests/setup/system-packages.sh
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # The long checks left out of `make test` and CI (marked `extended`).
 test-extended: $(STAMP)
