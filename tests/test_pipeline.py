@@ -190,9 +190,9 @@ def test_graph_break_compiles_each_graph():
         torch._dynamo.graph_break()
         return y.sum(dim=0) + x.mean()
 
-    records_before = len(tori.compile_records())
+    before = tori.compile_records()  # the records kept are the last 256: compare records, not counts
     assert_matches_eager(two_graphs, torch.randn(4, 3), fullgraph=False)  # the break is the point
-    assert len(tori.compile_records()) - records_before == 2
+    assert len([r for r in tori.compile_records() if not any(r is b for b in before)]) == 2
 
 
 def test_several_graphs_in_one_function_with_data_dependent_branch():

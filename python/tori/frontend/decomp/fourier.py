@@ -39,8 +39,12 @@ def _angles(rows: int, columns: int, n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _constant(table: np.ndarray, like: torch.Tensor) -> torch.Tensor:
-    """A float64 table as a constant of the traced graph, in `like`'s dtype and device."""
-    return torch.tensor(table, dtype=like.dtype, device=like.device)
+    """A float64 table as a constant of the traced graph, in `like`'s dtype and device.
+    The table is rounded before it becomes a tensor: a float64 constant converted in
+    the graph would reach IREE as float64, which targets without it cannot take."""
+    if like.dtype in (torch.float32, torch.float64, torch.float16):
+        return torch.tensor(table.astype(np.dtype(str(like.dtype).removeprefix("torch."))), device=like.device)
+    return torch.tensor(table.astype(np.float32), device=like.device).to(like.dtype)
 
 
 def _matmul_last(x: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
