@@ -46,6 +46,9 @@ def _efficientnet():
 
 
 def _bert():
+    from tori.testing import allow_torchvision_import
+
+    allow_torchvision_import()  # transformers imports torchvision where it is installed
     from transformers import BertConfig, BertModel
 
     config = BertConfig(vocab_size=1024, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -79,13 +82,18 @@ class _FirstOutput(torch.nn.Module):
         return out[0] if isinstance(out, (tuple, list)) else out
 
 
-def build(out: Path, archs: list[str], python: str, wheel: bool = True) -> dict:
+def build(out: Path, archs: list[str], python: str, wheel: bool = True, names: list[str] | None = None) -> dict:
     import tori
 
+    unknown = sorted(set(names or ()) - set(BUILDERS))
+    if unknown:
+        raise SystemExit(f"error: no model named {', '.join(unknown)}; the models: {', '.join(BUILDERS)}")
     shutil.rmtree(out, ignore_errors=True)
     (out / "artifacts").mkdir(parents=True)
     models = {}
     for name, make in BUILDERS.items():
+        if names and name not in names:
+            continue
         torch.manual_seed(0)
         model, inputs = make()
         model = _FirstOutput(model.eval())
@@ -136,8 +144,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--archs", default="sm_90,sm_80", help="CUDA architectures, comma-separated")
     parser.add_argument("--python", default="3.12", help="the GPU machine's Python (for the runtime wheel)")
     parser.add_argument("--no-wheel", action="store_true", help="leave the runtime wheel out (a dry run here only)")
+    parser.add_argument("--models", help="only these models, comma-separated (default: all)")
     arguments = parser.parse_args(argv)
-    manifest = build(arguments.out, arguments.archs.split(","), arguments.python, wheel=not arguments.no_wheel)
+    manifest = build(arguments.out, arguments.archs.split(","), arguments.python, wheel=not arguments.no_wheel,
+                     names=arguments.models.split(",") if arguments.models else None)
     size = manifest["bytes"]
     print(f"{arguments.out}: {len(manifest['models'])} models, {size / (1 << 20):.1f} MiB "
           f"(limit {LIMIT_BYTES >> 20} MiB)")

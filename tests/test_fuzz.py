@@ -17,10 +17,10 @@ from tori.fuzz.modes import Mode
 from tori.fuzz.program import build
 from tori.fuzz.program import InputSpec, Node, Program
 
-# Batches of up to 8 programs per mode at the default seed (values 20, gradients,
-# dynamic shapes and export 7 each), about 75 s in all in CI on 2 cores. `make fuzz`
+# Batches of up to 8 programs per mode at the default seed (values 12, gradients,
+# dynamic shapes and export 4 each), about 75 s in all in CI on 2 cores. `make fuzz`
 # runs 100 batches per mode and seed, 3 seeds.
-BATCHES = {"values": 20, "gradients": 7, "dynamic": 7, "export": 7}
+BATCHES = {"values": 12, "gradients": 4, "dynamic": 4, "export": 4}
 SEED = int(os.environ.get("TORI_FUZZ_SEED", "20261129"))
 SCALE = float(os.environ.get("TORI_FUZZ_SCALE", "1"))
 
