@@ -112,7 +112,7 @@ def measure_bf16(name: str, model, args: tuple, seconds: float) -> dict:
         ms.update(_interleaved({"tori float32": torch.compile(model, backend="tori", options={"fallback": "error"})},
                                args, seconds / 2))
     scale = reference.abs().max().item()
-    return {"model": name, "activations": "dynamic" if dynamic else "static", "median_ms": ms, "dtype": str(out.dtype),
+    return {"model": name, "median_ms": ms, "dtype": str(out.dtype),
             "max_error_vs_eager_autocast": (out.float() - expected.float()).abs().max().item() / scale,
             "max_error_eager_autocast_vs_float32": (expected.float() - reference).abs().max().item() / scale}
 
