@@ -284,9 +284,8 @@ def _resolved(op, z):
 
 @_rule(aten.view_as_complex)
 def _view_as_complex(op, x):
-    # A node of its own: parts are read from it twice, and Torch-MLIR's importer binds a
-    # constant (get_attr) read by two ops twice, which it refuses.
-    return Complex(aten.alias(x))
+    # A constant read by both parts goes through one alias at import (importer._single_use_constants).
+    return Complex(x)
 
 
 @_rule(aten.view_as_real, aten.view_as_real_copy)
