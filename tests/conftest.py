@@ -4,7 +4,14 @@ import shutil
 import tempfile
 
 import pytest
-import torch
+
+# Under pytest-xdist (`make test`: two workers on two cores) each worker computes on one
+# thread, its child processes too: two workers of two spinning OpenMP threads each
+# slowed tests 3-4x, making the parallel suite slower than a serial one.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
 
 # The suite's compile cache is its own, never the user's ~/.cache/tori; it must be set
 # before tori.config reads the environment.
@@ -16,6 +23,8 @@ os.environ.pop("TORI_CACHE_URL", None)
 from tori.testing import allow_torchvision_import  # noqa: E402
 
 allow_torchvision_import()
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 @pytest.fixture(autouse=True)

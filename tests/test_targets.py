@@ -25,6 +25,12 @@ from tori.testing import assert_matches_eager
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 from models import MODELS  # noqa: E402
+from subsets import ci_subset  # noqa: E402
+
+# The benchmark models CI runs on Vulkan and exports for every target (`make
+# test-extended` runs them all): convolutions, attention, the FFT's constant tables.
+VULKAN_IN_CI = {"mlp", "tiny_linear", "cnn_bn", "transformer_layer", "spectrogram"}
+EXPORT_IN_CI = {"mlp", "tiny_linear", "cnn_bn", "hand_attention", "spectrogram"}
 
 TOLERANCE = {"rtol": 1e-4, "atol": 1e-4}
 CPU = torch.device("cpu")
@@ -69,7 +75,7 @@ def _check_module(target: Target, vmfb: bytes, arch: str | None = None) -> None:
         assert contents.spirv_modules >= len(contents.executables_of(fmt))
 
 
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name", ci_subset(list(MODELS), VULKAN_IN_CI))
 def test_benchmark_model_runs_on_vulkan_and_cross_compiles_for_cuda_and_rocm(name):
     model, inputs = MODELS[name].build(), MODELS[name].example_inputs()
     runs_on = Target.VULKAN if HAVE_VULKAN else Target.CPU
@@ -259,7 +265,7 @@ def _arch_options(target: Target, arch: str | None) -> dict:
     return {spec(target).arch_option: arch} if arch else {}
 
 
-@pytest.mark.parametrize("name", list(MODELS))
+@pytest.mark.parametrize("name", ci_subset(list(MODELS), EXPORT_IN_CI))
 def test_every_benchmark_model_inspects_and_exports_for_every_target(name, tmp_path):
     model, inputs = MODELS[name].build().eval(), MODELS[name].example_inputs()
     for target, arch in ARCHS:
