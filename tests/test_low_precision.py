@@ -26,6 +26,8 @@ from tori.testing import assert_matches_eager, count_graphs, quantize_pt2e
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from bench_quantized import WideMLP  # noqa: E402
 
+import torch.ao.quantization.fx._decomposed  # noqa: E402,F401  (registers the quantized_decomposed ops)
+
 qd = torch.ops.quantized_decomposed
 
 
