@@ -30,7 +30,7 @@ PREPROCESSING_FLAG = "--iree-preprocessing-pass-pipeline"
 class Family(str, enum.Enum):
     CONV2D = "convolution"          # 2-D, one group, not transposed
     GROUPED_CONV = "grouped convolution"  # depthwise and other grouped 2-D convolutions
-    MATMUL = "matmul"               # mm, addmm, bmm, baddbmm (linear layers and attention)
+    MATMUL = "matmul"               # mm, addmm, bmm, baddbmm, _int_mm (linear layers, attention, int8)
 
     def __str__(self) -> str:
         return self.value
@@ -130,7 +130,7 @@ class Strategy:
         return rows
 
 
-_MATMULS = {_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default}
+_MATMULS = {_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default, _aten._int_mm.default}
 
 
 def _shape(node) -> tuple[int, ...] | None:

@@ -42,7 +42,7 @@ _CONTRACTION = re.compile(r"_(?:batch_)?(?:matmul|conv|mmt4d|contract)\w*?_((?:\
 
 
 # The torch ops whose dispatches are rated in GFLOP/s (pooling dispatches are also named `conv`).
-_CONTRACTING_OPS = ("aten.convolution", "aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm")
+_CONTRACTING_OPS = ("aten.convolution", "aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten._int_mm")
 
 
 class ProfileError(ToriError):
