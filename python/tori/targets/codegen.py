@@ -130,7 +130,7 @@ class Strategy:
         return rows
 
 
-_MATMULS = {_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default, _aten._int_mm.default}
+MATMUL_OPS = {_aten.mm.default, _aten.addmm.default, _aten.bmm.default, _aten.baddbmm.default, _aten._int_mm.default}
 
 
 def _shape(node) -> tuple[int, ...] | None:
@@ -172,7 +172,7 @@ def op_families(graphs: torch.fx.GraphModule | Iterable[torch.fx.GraphModule]) -
         family = None
         if node.target is _aten.convolution.default:
             family = _conv_family(node)
-        elif node.target in _MATMULS:
+        elif node.target in MATMUL_OPS:
             family = Family.MATMUL
         if family is not None:
             ops[family] += 1

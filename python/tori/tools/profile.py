@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from tori.errors import ToriError
+from tori.targets.codegen import MATMUL_OPS
 
 log = logging.getLogger("tori.profile")
 
@@ -42,7 +43,7 @@ _CONTRACTION = re.compile(r"_(?:batch_)?(?:matmul|conv|mmt4d|contract)\w*?_((?:\
 
 
 # The torch ops whose dispatches are rated in GFLOP/s (pooling dispatches are also named `conv`).
-_CONTRACTING_OPS = ("aten.convolution", "aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten._int_mm")
+_CONTRACTING_OPS = ("aten.convolution",) + tuple(sorted(f"aten.{op.__name__.split('.')[0]}" for op in MATMUL_OPS))
 
 
 class ProfileError(ToriError):
