@@ -234,18 +234,25 @@ def _int8_weight_only(model):
     return model
 
 
-def test_weight_only_int8_linear_layers_read_int8_weights():
+@pytest.mark.parametrize("rows,block", [(1, 64), (4, 16)], ids=["matvec", "matmul"])
+def test_weight_only_int8_linear_layers_read_int8_weights(rows, block):
+    """Each layer is one contraction over its int8 weight, packed once in blocks: of 64
+    rows for a CPU matvec (one cache line per step along K, a decoding step's form),
+    of 16 otherwise."""
     torch.manual_seed(0)
     model = _int8_weight_only(MLP().eval())
-    x = torch.randn(1, 64)
+    x = torch.randn(rows, 64)
     with torch.no_grad():
         assert_matches_eager(model, x, options={"cache": False}, rtol=1e-5, atol=1e-5)
     graph = tori.last_compile().graphs[-1]
     entries = dispatches_of(recorded_flow_ir(graph)).entries
     per_call = [e for e in entries if not e.startswith("_initializer")]
-    # one contraction per layer reading the int8 weight in blocks of 16 rows; no
-    # per-call widening, transpose or packing of a weight: the initializer packs them
-    assert len([e for e in per_call if re.search(r"mat(mul|vec)_like_(\d+x)?16x\d+_f32xi8xf32$", e)]) == 3, per_call
+    # one contraction per layer reading the int8 weight; no per-call widening,
+    # transpose or packing of a weight: the initializer packs them, in blocks
+    assert len([e for e in per_call if re.search(r"mat(mul|vec)_like_[\dx]+_f32xi8xf32$", e)]) == 3, per_call
+    flow = recorded_flow_ir(graph)
+    other = 16 if block == 64 else 64
+    assert len(re.findall(rf"inner_tiles = \[{block}\]", flow)) == 3 and f"inner_tiles = [{other}]" not in flow
     assert not [e for e in per_call if re.search(r"(elementwise_.*i8xf32|transpose.*i8|pack_i8)$", e)], per_call
     assert len([e for e in entries if e.startswith("_initializer") and e.endswith("pack_i8")]) == 3, entries
     # the layers' zero points (read by nothing) are not passed on each call; the weights

@@ -89,6 +89,24 @@ def test_benchmark_model_runs_on_vulkan_and_cross_compiles_for_cuda_and_rocm(nam
         _check_module(target, vmfb)
 
 
+def test_weight_only_int8_layers_run_on_vulkan_and_cross_compile_for_cuda_and_rocm():
+    """The int8 weights' CPU contraction (tori-int8-weight-matmul) is for CPU-only
+    compiles: IREE's SPIR-V codegen failed to tile it to invocations."""
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10)).eval()
+    quantize_(model, Int8WeightOnlyConfig())
+    runs_on = Target.VULKAN if HAVE_VULKAN else Target.CPU
+    with torch.no_grad():
+        assert_matches_eager(model, torch.randn(1, 64), options={"target": runs_on.value, "targets": ["cuda", "rocm"]},
+                             **TOLERANCE)
+    graph = tori.last_compile().forward.compiled
+    assert graph.targets == (runs_on, Target.CUDA, Target.ROCM)
+    for target, vmfb in graph.vmfbs.items():
+        _check_module(target, vmfb)
+
+
 @requires_lavapipe
 @pytest.mark.parametrize("name", ["transformer_layer", "hand_attention"])
 def test_portable_baseline_on_lavapipe_refuses_bool_tensors_rather_than_answer_wrongly(name):

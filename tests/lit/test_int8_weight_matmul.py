@@ -1,6 +1,7 @@
 """FileCheck tests of tori-int8-weight-matmul: a float32 matmul against an int8 weight
 transposed and widened (either order) becomes a call of one contraction that reads
-the int8 weight packed in blocks of 16 rows; other matmuls are left as they are."""
+the int8 weight packed in blocks of 16 rows (of 64 for a matvec); other matmuls, and
+modules for other targets than CPUs, are left as they are."""
 
 PIPELINE = "tori-int8-weight-matmul"
 
@@ -101,3 +102,28 @@ def test_float_weights_and_other_integers_are_left_alone(filecheck):
         # CHECK:         torch.aten.mm
         # CHECK-NOT:     call @tori_int8_weight_mm
     """)
+
+
+
+def test_a_matvec_reads_blocks_of_64_rows_in_one_vector_tile(filecheck):
+    """A matvec's contraction reads whole 64-row blocks (one cache line per step along
+    K), with IREE's CPU tiling set on it."""
+    filecheck(widened_weight_mm(1, 200), """
+        # CHECK-LABEL: func.func @wo
+        # CHECK:         call @tori_int8_weight_mm_1x64x200
+        # CHECK-LABEL: func.func private @tori_int8_weight_mm_1x64x200
+        # CHECK:         linalg.pack %{{.+}} inner_tiles = [64] {{.+}} : tensor<200x64xi8> -> tensor<4x64x64xi8>
+        # CHECK:         linalg.generic
+        # CHECK-SAME:      ins(%{{.+}}, %{{.+}} : tensor<64xf32>, tensor<4x64x64xi8>) outs(%{{.+}} : tensor<4x64xf32>)
+        # CHECK-SAME:      compilation_info = #iree_codegen.compilation_info<lowering_config = #iree_cpu.lowering_config<distribution = [1, 64, 0], vector_common_parallel = [1, 64, 0], vector_reduction = [0, 0, 8]>
+        # CHECK:         arith.sitofp %{{.+}} : i8 to f32
+        # CHECK:         tensor.extract_slice %{{.+}}[0, 0] [1, 200] [1, 1] : tensor<1x256xf32> to tensor<1x200xf32>
+    """)
+
+
+def test_modules_for_other_targets_keep_their_matmuls(filecheck):
+    filecheck(widened_weight_mm(1, 32), """
+        # CHECK-LABEL: func.func @wo
+        # CHECK:         torch.aten.mm
+        # CHECK-NOT:     tori_int8_weight_mm
+    """, pipeline="tori-int8-weight-matmul{cpu=false}")

@@ -45,7 +45,7 @@ from tori.passes.lower_dialect import lower_for_iree
 from tori.runtime import artifact as fmt
 from tori.stages import Stage
 from tori.targets import Target, codegen, spec
-from tori.targets.build import check_compiled_in, compile_with_strategy
+from tori.targets.build import check_compiled_in, compile_with_strategy, cpu_only
 from tori.aot.parameters import ExternalParameters, dtype_name
 from tori.aot.trace import Traced, check_functional, trace
 
@@ -166,7 +166,7 @@ def _export(model: Any, args: tuple | None, kwargs: Mapping[str, Any] | None, *,
     module = importer.module
     if opts.tori_pipeline:
         run_pipeline(module, opts.tori_pipeline, graph=name)
-    lower_for_iree(module, graph=name)
+    lower_for_iree(module, graph=name, cpu_only=cpu_only(target_list))
     # Text when IREE's own ops are in it (parameters): their attributes parse only in IREE's context.
     source = str(module).encode() if hooks is not None else to_bytecode(module)
     with stage(name, f"iree-compile ({', '.join(t.value for t in target_list)})"):

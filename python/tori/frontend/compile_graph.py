@@ -29,7 +29,8 @@ from tori.runtime.compiled_graph import CompiledGraph
 from tori.runtime.targeted import runtime_graph
 from tori.stages import Stage
 from tori.targets import codegen
-from tori.targets.build import OtherTargets, compile_with_strategy, compiled_targets, invocation as build_invocation
+from tori.targets.build import OtherTargets, compile_with_strategy, compiled_targets, cpu_only
+from tori.targets.build import invocation as build_invocation
 from tori.tools.dump import after_compile, current_guards, iree_dump_flags
 
 log = logging.getLogger("tori.compile")
@@ -82,7 +83,7 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
             if vmfbs is not None:
                 stage_log.info("%s: served by the compile cache", record.name)
             if vmfbs is None or inspecting:
-                lower_for_iree(module, graph=record.name)
+                lower_for_iree(module, graph=record.name, cpu_only=cpu_only(compiled_targets(options)))
             if inspecting:
                 record.iree_input = str(module)
             if vmfbs is None:

@@ -18,6 +18,20 @@ reduced along K, is slower still (32000x512: 2.77 ms, [K, N] 0.42). And IREE kee
 a pack as it is, where it folded a [K, N] transpose back into the contraction's
 indexing map unless its transpose propagation was turned off for the whole module.
 
+A matvec (M = 1: a decoding step) reads the weight in blocks of 64 rows instead, each
+block's rows in one tile of IREE's vector code: every step along K reads one whole
+64-byte cache line, so the weight streams from memory as one run. IREE's own choice
+for such a generic is a tile of 2 blocks of 32 rows (two runs at once, half a line
+each per step); the function sets the tile on the contraction (`compilation_info`,
+IREE's CPU code generation attributes). 32000x512 int8 weights in a decoding step of
+the Llama model in docs/quantization.md (HAL profiler, one thread): 916 us as blocks
+of 16 rows (IREE's tile: 4 blocks), 407 us as one block of 64; 131 MB of cold weights
+5.9-7.7 ms, 4.3-4.6 with one line per step.
+
+The rewrite is for CPUs: a module compiled for any other target as well keeps its
+matmuls (option `cpu=false`, which `lower_for_iree` gives it), since IREE's SPIR-V
+code generation failed to tile the blocked contraction to invocations.
+
 Rewrites: `torch.aten.mm` of a static [M, K] float32 matrix (M at most MAX_ROWS) and
 `torch.aten.permute([1, 0])` of `torch.prims.convert_element_type(w, float32)` (or
 the two the other way round) with `w` a static [N, K] int8 tensor, into a call of a
@@ -48,6 +62,14 @@ from tori.passes.registry import register_pass
 PASS_NAME = "tori-int8-weight-matmul"
 
 BLOCK = 16  # weight rows per block of the packed layout
+MATVEC_BLOCK = 64  # a CPU matvec's: one cache line of int8 per step along K
+# IREE's CPU tiling of the matvec (b: blocks, i: rows in a block, k: the reduction):
+# one block per vector tile, 8 steps of K per unrolled reduction step (16 measured the
+# same), `{dist}` blocks per workgroup.
+MATVEC_TILES = ("#iree_codegen.compilation_info<lowering_config = #iree_cpu.lowering_config<"
+                "distribution = [{dist}, {block}, 0], vector_common_parallel = [1, {block}, 0], "
+                "vector_reduction = [0, 0, 8]>, translation_info = #iree_codegen.translation_info<"
+                "pipeline = #iree_cpu.pipeline<DoubleTilingExpert>>>")
 # Above this many rows of x, IREE's data-tiled float32 matmul over the weight widened
 # per call is faster (a [M, 512] x [512, 1408] product: M = 128, 1.14 ms as one
 # contraction over the int8 blocks against 1.32 widened; M = 256, 2.88 against 1.38).
@@ -72,31 +94,48 @@ class Int8WeightMatmul:
 
     def function(self) -> str:
         m, k, n = self.m, self.k, self.n
-        blocks = -(-n // BLOCK)
-        padded = blocks * BLOCK
+        matvec = m == 1
+        block = MATVEC_BLOCK if matvec else BLOCK
+        blocks = -(-n // block)
+        padded = blocks * block
+        packed = f"tensor<{blocks}x{k}x{block}xi8>"
         lines = [
             f"func.func private @{self.name}(%x: tensor<{m}x{k}xf32>, %w: tensor<{n}x{k}xi8>) -> tensor<{m}x{n}xf32> {{",
             "  %zero = arith.constant 0.0 : f32",
             "  %zero_i8 = arith.constant 0 : i8",
-            f"  %b0 = tensor.empty() : tensor<{blocks}x{k}x{BLOCK}xi8>",
-            f"  %b = linalg.pack %w padding_value(%zero_i8 : i8) inner_dims_pos = [0] inner_tiles = [{BLOCK}] into %b0 "
-            f": tensor<{n}x{k}xi8> -> tensor<{blocks}x{k}x{BLOCK}xi8>",
-            f"  %e = tensor.empty() : tensor<{m}x{blocks}x{BLOCK}xf32>",
-            f"  %f = linalg.fill ins(%zero : f32) outs(%e : tensor<{m}x{blocks}x{BLOCK}xf32>) "
-            f"-> tensor<{m}x{blocks}x{BLOCK}xf32>",
-            "  %y = linalg.generic {indexing_maps = [affine_map<(m, b, i, k) -> (m, k)>, "
-            "affine_map<(m, b, i, k) -> (b, k, i)>, affine_map<(m, b, i, k) -> (m, b, i)>], "
-            "iterator_types = [\"parallel\", \"parallel\", \"parallel\", \"reduction\"]} "
-            f"ins(%x, %b : tensor<{m}x{k}xf32>, tensor<{blocks}x{k}x{BLOCK}xi8>) "
-            f"outs(%f : tensor<{m}x{blocks}x{BLOCK}xf32>) {{",
-            "  ^bb0(%a: f32, %v: i8, %acc: f32):",
-            "    %vf = arith.sitofp %v : i8 to f32",
+            f"  %b0 = tensor.empty() : {packed}",
+            f"  %b = linalg.pack %w padding_value(%zero_i8 : i8) inner_dims_pos = [0] inner_tiles = [{block}] into %b0 "
+            f": tensor<{n}x{k}xi8> -> {packed}",
+        ]
+        if matvec:  # x as a vector (no unit loop for IREE to fold away with the tiling)
+            out, x_type, attrs = f"tensor<{blocks}x{block}xf32>", f"tensor<{k}xf32>", (
+                # at least 4 workgroups where there are blocks enough
+                f" attrs = {{compilation_info = {MATVEC_TILES.format(dist=max(1, min(8, blocks // 4)), block=block)}}}")
+            maps, loops = ("affine_map<(b, i, k) -> (k)>, affine_map<(b, i, k) -> (b, k, i)>, affine_map<(b, i, k) -> (b, i)>",
+                           '"parallel", "parallel", "reduction"')
+            lines.append(f"  %v = tensor.collapse_shape %x [[0, 1]] : tensor<1x{k}xf32> into {x_type}")
+        else:
+            out, x_type, attrs = f"tensor<{m}x{blocks}x{block}xf32>", f"tensor<{m}x{k}xf32>", ""
+            maps, loops = ("affine_map<(m, b, i, k) -> (m, k)>, affine_map<(m, b, i, k) -> (b, k, i)>, "
+                           "affine_map<(m, b, i, k) -> (m, b, i)>", '"parallel", "parallel", "parallel", "reduction"')
+        lines += [
+            f"  %e = tensor.empty() : {out}",
+            f"  %f = linalg.fill ins(%zero : f32) outs(%e : {out}) -> {out}",
+            f"  %y = linalg.generic {{indexing_maps = [{maps}], iterator_types = [{loops}]}} "
+            f"ins({'%v' if matvec else '%x'}, %b : {x_type}, {packed}) outs(%f : {out}){attrs} {{",
+            "  ^bb0(%a: f32, %v8: i8, %acc: f32):",
+            "    %vf = arith.sitofp %v8 : i8 to f32",
             "    %p = arith.mulf %a, %vf : f32",
             "    %s = arith.addf %acc, %p : f32",
             "    linalg.yield %s : f32",
-            f"  }} -> tensor<{m}x{blocks}x{BLOCK}xf32>",
-            f"  %r = tensor.collapse_shape %y [[0], [1, 2]] : tensor<{m}x{blocks}x{BLOCK}xf32> into tensor<{m}x{padded}xf32>",
+            f"  }} -> {out}",
         ]
+        if matvec:
+            lines += [f"  %y1 = tensor.collapse_shape %y [[0, 1]] : {out} into tensor<{padded}xf32>",
+                      f"  %r = tensor.expand_shape %y1 [[0, 1]] output_shape [1, {padded}] : tensor<{padded}xf32> "
+                      f"into tensor<1x{padded}xf32>"]
+        else:
+            lines.append(f"  %r = tensor.collapse_shape %y [[0], [1, 2]] : {out} into tensor<{m}x{padded}xf32>")
         if padded == n:
             lines.append(f"  return %r : tensor<{m}x{n}xf32>")
         else:
@@ -139,8 +178,11 @@ def matmul_form(op: ir.Operation) -> tuple[Int8WeightMatmul, ir.Value] | None:
 
 
 @register_pass(PASS_NAME)
-def int8_weight_matmul(op: ir.Operation, pass_: object) -> None:
-    """Rewrite each matmul against a widened int8 weight into a call of its function."""
+def int8_weight_matmul(op: ir.Operation, pass_: object, *, cpu: bool = True) -> None:
+    """Rewrite each matmul against a widened int8 weight into a call of its function
+    (`cpu`: the module is compiled only for CPUs; else nothing changes)."""
+    if not cpu:
+        return
     for mm in ops_named(op, "torch.aten.mm"):
         found = matmul_form(mm)
         if found is None:

@@ -65,10 +65,12 @@ def check_lowered(module: ir.Module, *, graph: str = "") -> None:
         )
 
 
-def lower_for_iree(module: ir.Module, *, graph: str = "") -> None:
+def lower_for_iree(module: ir.Module, *, graph: str = "", cpu_only: bool = False) -> None:
     """Run tori-lower-dialect over `module` and check that no tori op is left; then give
     depthwise convolutions IREE's channels-last kernel (tori-depthwise-nhwc) and
     matmuls against widened int8 weights one contraction (tori-int8-weight-matmul),
-    whatever the user's pipeline."""
-    run_pipeline(module, f"{PASS_NAME}, {DEPTHWISE_PASS}, {INT8_WEIGHT_PASS}", graph=graph)
+    whatever the user's pipeline. `cpu_only`: every target the module is compiled for
+    is a CPU (the contractions may then carry IREE's CPU tiling)."""
+    int8 = f"{INT8_WEIGHT_PASS}{{cpu={str(cpu_only).lower()}}}"
+    run_pipeline(module, f"{PASS_NAME}, {DEPTHWISE_PASS}, {int8}", graph=graph)
     check_lowered(module, graph=graph)

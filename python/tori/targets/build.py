@@ -21,6 +21,12 @@ def compiled_targets(options: Options) -> tuple[Target, ...]:
     return tuple(dict.fromkeys((options.target, *options.targets)))
 
 
+def cpu_only(targets: tuple[Target, ...]) -> bool:
+    """Whether every target a module is compiled for is a CPU (tori's passes may then
+    give its ops IREE's CPU code generation attributes)."""
+    return all(t is Target.CPU for t in targets)
+
+
 def target_arch(options: Options, target: Target) -> str:
     """The device model option of `target` (cpu, cuda_arch, vulkan_target, rocm_chip)."""
     return getattr(options, spec(target).arch_option)
