@@ -40,6 +40,18 @@ class MLP(torch.nn.Module):
         return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
 
 
+class Tokens(torch.nn.Module):
+    """Linear layers of 3-D inputs: one non-contiguous (a transpose; it becomes a bmm
+    against the weight expanded over the batch), one contiguous (rows of an mm)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(64, 128), torch.nn.Linear(128, 32)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x.transpose(1, 2))))
+
+
 class CNN(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -278,12 +290,13 @@ def test_weight_only_int8_decoding_gives_eager_tokens():
     assert count.compiled_graphs >= 2 and count.fallback_graphs == 0 and count.compiled_calls >= 8
 
 
-@pytest.mark.parametrize("model,shape", [(MLP, (16, 64)), (CNN, (2, 3, 20, 18))], ids=["mlp", "cnn"])
+@pytest.mark.parametrize("model,shape", [(MLP, (16, 64)), (Tokens, (2, 64, 8)), (CNN, (2, 3, 20, 18))],
+                         ids=["mlp", "tokens", "cnn"])
 def test_dynamic_activation_quantization_matches_eager(model, shape):
     """Scales and zero points computed per call (choose_qparams) compile, with eager's
-    arithmetic: the same values to float32 rounding; linear layers and convolutions (the
-    CNN's strides, padding and dilation, its input padded with the per-call zero point)
-    run integer matmuls."""
+    arithmetic: the same values to float32 rounding; linear layers (of 2-D inputs, and
+    of 3-D ones, contiguous or not, as a transformer's tokens) and convolutions (the CNN's strides, padding
+    and dilation, its input padded with the per-call zero point) run integer matmuls."""
     torch.manual_seed(0)
     net, x = model().eval(), torch.randn(*shape)
     quantized = quantize_pt2e(net, x, dynamic=True)

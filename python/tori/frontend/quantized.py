@@ -24,25 +24,26 @@ it for the CPU's integer dot-product instructions. Three forms escape it:
 - dynamic activation quantization (scale and zero point computed per call by
   `choose_qparams.tensor`, passed as tensors): Torch-MLIR imports none of these ops
   (IREE failed on `choose_qparams`) and their PyTorch kernels read the tensors with
-  `.item()`. A linear layer (2-D `mm` of a per-call dequantized activation and an
-  int8 weight) becomes `torch._int_mm` with the zero-point corrections and scales
-  applied after, and a 2-D convolution the same after im2col (the input padded with
-  its per-call zero point); the ops left become formulas in torch ops with eager's
-  arithmetic.
+  `.item()`. A linear layer (`mm` of a per-call dequantized activation, or of one of
+  more dimensions flattened to rows, and an int8 weight) becomes `torch._int_mm` with
+  the zero-point corrections and scales applied after, and a 2-D convolution the same
+  after im2col (the input padded with its per-call zero point); the ops left become
+  formulas in torch ops with eager's arithmetic.
 
 Weight-only quantization (int8 weights widened to float before a float matmul) is
 tori-int8-weight-matmul's (passes/int8_weight_matmul.py).
 
 Never changes: quantize/dequantize pairs whose quantized tensor is used otherwise
 (returned, or read by other ops), grouped or transposed convolutions, and graphs
-without these ops. 3-D matmuls of dynamically quantized activations run in float32 on
-the dequantized values.
+without these ops. Matmuls of dynamically quantized activations other than linear
+layers' (a bmm of two activations) run in float32 on the dequantized values.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import operator
 
 import torch
@@ -300,11 +301,13 @@ def _splice(gm: torch.fx.GraphModule, node: torch.fx.Node, fn, args: tuple) -> N
 def dynamic_int8_linear(q_input: torch.Tensor, input_scale: torch.Tensor, input_zero: torch.Tensor,
                         input_dtype: torch.dtype, q_weight: torch.Tensor, weight_scale, weight_zero) -> torch.Tensor:
     """dequantize(q_input) @ dequantize(q_weight).T for an activation quantized per call
-    (scale and zero point as tensors): an int8 x int8 -> int32 matmul, the zero points'
+    (scale and zero point as tensors; as rows of the weight's depth, whatever its shape:
+    the quantization is per tensor): an int8 x int8 -> int32 matmul, the zero points'
     products subtracted with the operands' row sums, the scales applied after."""
     if input_dtype == torch.uint8:  # the same values as int8 with the zero point shifted by 128
         q_input = (q_input.to(torch.int16) - 128).to(torch.int8)
         input_zero = input_zero - 128
+    q_input = q_input.reshape(-1, q_weight.shape[1])
     depth = q_input.shape[1]
     accumulated = torch._int_mm(q_input, q_weight.permute(1, 0))
     # per-channel weights' scale and zero point are tensors, per-tensor ones numbers
@@ -318,21 +321,52 @@ def dynamic_int8_linear(q_input: torch.Tensor, input_scale: torch.Tensor, input_
     return exact.to(torch.float32) * scale
 
 
+_RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.expand.default)
+
+
+def _reshaped(node) -> torch.fx.Node:
+    """The tensor that `node` views, reshapes or expands (through a chain of them)."""
+    while any(_is(node, op) for op in _RESHAPES):
+        node = node.args[0]
+    return node
+
+
+def _static_shape(node) -> list[int] | None:
+    value = _value(node) if isinstance(node, torch.fx.Node) else None
+    if not isinstance(value, torch.Tensor) or not all(isinstance(d, int) for d in value.shape):
+        return None
+    return list(value.shape)
+
+
+def dynamic_int8_linear_as(q_input, input_scale, input_zero, input_dtype, q_weight, weight_scale, weight_zero,
+                           shape: list[int]) -> torch.Tensor:
+    """`dynamic_int8_linear` with its [rows, N] result in the matmul's `shape`."""
+    return dynamic_int8_linear(q_input, input_scale, input_zero, input_dtype, q_weight, weight_scale,
+                               weight_zero).reshape(shape)
+
+
 def _dynamic_linears(gm: torch.fx.GraphModule, qd) -> int:
-    """mm(dequantize_per_tensor.tensor(x), permute(dequantize(w_int8))) with 2-D operands
-    becomes `dynamic_int8_linear`."""
+    """A linear layer of an activation quantized per call and a 2-D int8 weight becomes
+    `dynamic_int8_linear`: mm(dequantize_per_tensor.tensor(x), permute(dequantize(w)))
+    with x reshaped to rows after its dequantize (a linear of more than two
+    dimensions), and the bmm form of a linear of a non-contiguous input (x expanded to
+    its own shape, the transposed weight expanded over the batch). The quantization is
+    per tensor, so x's rows are its values in any shape."""
     rewritten = 0
     for node in list(gm.graph.nodes):
-        if not _is(node, aten.mm.default):
+        if not (_is(node, aten.mm.default) or _is(node, aten.bmm.default)):
             continue
         x, transposed = node.args
-        dynamic = _dynamic_input(x)
+        dynamic = _dynamic_input(_reshaped(x))
+        transposed = _reshaped(transposed)
         if dynamic is None or not _is(transposed, aten.permute.default) or list(transposed.args[1]) != [1, 0]:
             continue
         weight = _int8_weight(transposed.args[0])
-        if weight is None or _rank(dynamic[0]) != 2 or _rank(weight[0]) != 2:
+        x_shape, rows_shape, shape = _static_shape(dynamic[0]), _static_shape(x), _static_shape(node)
+        if weight is None or _rank(weight[0]) != 2 or None in (x_shape, rows_shape, shape) \
+                or math.prod(x_shape) != math.prod(rows_shape):  # an expand that broadcasts x
             continue
-        _splice(gm, node, dynamic_int8_linear, (*dynamic, *weight[:3]))
+        _splice(gm, node, dynamic_int8_linear_as, (*dynamic, *weight[:3], shape))
         rewritten += 1
     return rewritten
 
