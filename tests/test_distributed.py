@@ -26,8 +26,9 @@ SCENARIOS = ("ddp", "ddp_sequential", "ddp_fallback", "fsdp2", "fsdp2_root", "ch
 COMPILE_ONCE = tuple(s for s in SCENARIOS if s != "ddp_fallback")
 TOLERANCE = 1e-5
 
-pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
-                                reason="this torch has no gloo backend")
+pytestmark = [pytest.mark.xdist_group("distributed"),  # one worker: the `ranks` fixture launches every scenario
+              pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(),
+                                 reason="this torch has no gloo backend")]
 
 
 def launch(out: Path, *scenarios: str, cache_dir: Path, timeout: float = 400.0) -> subprocess.CompletedProcess:

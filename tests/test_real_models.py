@@ -106,10 +106,15 @@ MODELS = {
         _decoder_tokens),
 }
 SLOW = {"mobilenet_v2", "swin"}
+# CI's architectures (`make test-extended` runs all ten): the transformers' ResNet,
+# ConvNeXt and RegNet have timm's counterparts in tests/test_timm_models.py, and
+# DistilBERT is BERT's kind.
+IN_CI = {"mobilenet_v2", "vit", "swin", "bert", "gpt2", "llama"}
 
 
 def _case(name: str):
-    return pytest.param(name, marks=[pytest.mark.slow] if name in SLOW else [])
+    marks = [pytest.mark.slow] if name in SLOW else []
+    return pytest.param(name, marks=marks if name in IN_CI else [*marks, pytest.mark.extended])
 
 
 @pytest.mark.parametrize("name", [_case(n) for n in MODELS])

@@ -32,6 +32,10 @@ def _cases(dtype: str, every: int) -> list[str]:
     return sorted(set(sorted(ops_for(DTYPES[dtype]))[::every]) | set(_listed(dtype)))
 
 
+# One worker runs the whole module: the `outcomes` fixture checks every case of the
+# session at once, and under pytest-xdist each worker would check them all again.
+pytestmark = pytest.mark.xdist_group("opinfo")
+
 CI_CASES = {(dtype, op) for dtype in CI_EVERY for op in _cases(dtype, CI_EVERY[dtype])}
 CASES = [pytest.param(dtype, op, id=f"{dtype}-{op}", marks=[] if (dtype, op) in CI_CASES else [pytest.mark.extended])
          for dtype in EVERY for op in _cases(dtype, EVERY[dtype])]
