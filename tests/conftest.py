@@ -27,6 +27,24 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """`--dist loadgroup` (`make test`): tests marked `xdist_group(name)` run on one
+    worker. pytest-xdist 3.8 marks them by setting `item._nodeid`, which pytest 9 no
+    longer reads (a node's id is `item._id`), so the groups were lost and each worker
+    ran the groups' module fixtures (the OpInfo slice, the distributed ranks) again.
+    The group goes into the id here, as xdist's scheduler reads it: `nodeid@name`."""
+    if not getattr(config.option, "loadgroup", False):
+        return
+    from _pytest.nodeid import NodeId
+
+    for item in items:
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})
+        if names and "@" not in item.nodeid:
+            item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(names)}")
+
+
 @pytest.fixture(autouse=True)
 def fresh_dynamo():
     torch._dynamo.reset()
@@ -52,7 +70,8 @@ def pytest_pyfunc_call(pyfuncitem):
     basetemp = pyfuncitem.funcargs["tmp_path"] / "namespace"
     done = subprocess.run(["unshare", "--user", "--map-root-user", "--mount", sys.executable, "-m", "pytest", "-q",
                            "-p", "no:cacheprovider", f"--basetemp={basetemp}", f"--rootdir={pyfuncitem.config.rootpath}",
-                           pyfuncitem.nodeid], cwd=pyfuncitem.config.rootpath, capture_output=True, text=True)
+                           pyfuncitem.nodeid.partition("@")[0]], cwd=pyfuncitem.config.rootpath, capture_output=True,
+                          text=True)
     if done.returncode != 0:
         pytest.fail(f"{pyfuncitem.nodeid} in a mount namespace (unshare) failed:\n{done.stdout[-6000:]}"
                     f"{done.stderr[-2000:]}", pytrace=False)

@@ -26,6 +26,10 @@ TAGGER = f"{TESTS / 'export_models.py'}:tagger"
 MLP = f"{TESTS / 'report_models.py'}:small_mlp"
 
 
+# One worker: the module fixture `workdir` is built once.
+pytestmark = pytest.mark.xdist_group("cli_errors")
+
+
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory):
     """A folder with an artifact, a real .npy input, a text file posing as .npy and a plain file."""

@@ -38,6 +38,10 @@ def _vulkan_device() -> bool:
         return False
 
 
+# One worker: the module fixture `exported` is built once.
+pytestmark = pytest.mark.xdist_group("export")
+
+
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     """The Tagger model exported for CPU and Vulkan with external weights and a dynamic batch."""

@@ -50,6 +50,10 @@ def parse(html: str) -> _Elements:
     return parser
 
 
+# One worker: the module fixture `report` is built once.
+pytestmark = pytest.mark.xdist_group("report")
+
+
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     path = tmp_path_factory.mktemp("report") / "report.html"
