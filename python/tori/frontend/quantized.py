@@ -357,15 +357,21 @@ def _dynamic_linears(gm: torch.fx.GraphModule, qd) -> int:
         if not (_is(node, aten.mm.default) or _is(node, aten.bmm.default)):
             continue
         x, transposed = node.args
-        dynamic = _dynamic_input(_reshaped(x))
+        source = _reshaped(x)
+        dynamic = _dynamic_input(source)
         transposed = _reshaped(transposed)
         if dynamic is None or not _is(transposed, aten.permute.default) or list(transposed.args[1]) != [1, 0]:
             continue
         weight = _int8_weight(transposed.args[0])
-        x_shape, rows_shape, shape = _static_shape(dynamic[0]), _static_shape(x), _static_shape(node)
-        if weight is None or _rank(weight[0]) != 2 or None in (x_shape, rows_shape, shape) \
-                or math.prod(x_shape) != math.prod(rows_shape):  # an expand that broadcasts x
+        if weight is None or _rank(weight[0]) != 2:
             continue
+        if source is x and _rank(x) == 2 and _is(node, aten.mm.default):  # sizes may be symbolic
+            _splice(gm, node, dynamic_int8_linear, (*dynamic, *weight[:3]))
+            rewritten += 1
+            continue
+        x_shape, rows_shape, shape = _static_shape(source), _static_shape(x), _static_shape(node)
+        if None in (x_shape, rows_shape, shape) or math.prod(x_shape) != math.prod(rows_shape):
+            continue  # symbolic sizes, or an expand that broadcasts x
         _splice(gm, node, dynamic_int8_linear_as, (*dynamic, *weight[:3], shape))
         rewritten += 1
     return rewritten
