@@ -301,13 +301,11 @@ def _splice(gm: torch.fx.GraphModule, node: torch.fx.Node, fn, args: tuple) -> N
 def dynamic_int8_linear(q_input: torch.Tensor, input_scale: torch.Tensor, input_zero: torch.Tensor,
                         input_dtype: torch.dtype, q_weight: torch.Tensor, weight_scale, weight_zero) -> torch.Tensor:
     """dequantize(q_input) @ dequantize(q_weight).T for an activation quantized per call
-    (scale and zero point as tensors; as rows of the weight's depth, whatever its shape:
-    the quantization is per tensor): an int8 x int8 -> int32 matmul, the zero points'
+    (scale and zero point as tensors): an int8 x int8 -> int32 matmul, the zero points'
     products subtracted with the operands' row sums, the scales applied after."""
     if input_dtype == torch.uint8:  # the same values as int8 with the zero point shifted by 128
         q_input = (q_input.to(torch.int16) - 128).to(torch.int8)
         input_zero = input_zero - 128
-    q_input = q_input.reshape(-1, q_weight.shape[1])
     depth = q_input.shape[1]
     accumulated = torch._int_mm(q_input, q_weight.permute(1, 0))
     # per-channel weights' scale and zero point are tensors, per-tensor ones numbers
@@ -340,8 +338,10 @@ def _static_shape(node) -> list[int] | None:
 
 def dynamic_int8_linear_as(q_input, input_scale, input_zero, input_dtype, q_weight, weight_scale, weight_zero,
                            shape: list[int]) -> torch.Tensor:
-    """`dynamic_int8_linear` with its [rows, N] result in the matmul's `shape`."""
-    return dynamic_int8_linear(q_input, input_scale, input_zero, input_dtype, q_weight, weight_scale,
+    """`dynamic_int8_linear` of `q_input` as rows of the weight's depth (the quantization
+    is per tensor: any shape holds the same values), its result in the matmul's `shape`."""
+    rows = q_input.reshape(-1, q_weight.shape[1])
+    return dynamic_int8_linear(rows, input_scale, input_zero, input_dtype, q_weight, weight_scale,
                                weight_zero).reshape(shape)
 
 
