@@ -21,6 +21,14 @@ it for the CPU's integer dot-product instructions. Three forms escape it:
   zero point, which dequantizes to 0) and one matmul against the int8 weight,
   reshaped to [O, C*kh*kw], each operand dequantized just before the matmul.
 
+- grouped 2-D convolutions: Torch-MLIR made a depthwise one an integer convolution
+  that IREE lowered to a generic along the wrong dimension (an int8 MobileNetV3 ran
+  2.9x slower than the float one), and tori's decomposition of grouped ones (the taps
+  of their windows, frontend/decomp/grouped_conv.py) computed in float32. A grouped
+  one becomes im2col per group and one batched int8 matmul; a depthwise one the
+  convolution of its integers less their zero points in float32, which holds every
+  sum of its products exactly, so that tori's channels-last depthwise kernel runs
+  it. The decomposition leaves both whole for this rewrite.
 - dynamic activation quantization (scale and zero point computed per call by
   `choose_qparams.tensor`, passed as tensors): Torch-MLIR imports none of these ops
   (IREE failed on `choose_qparams`) and their PyTorch kernels read the tensors with
@@ -34,14 +42,16 @@ Weight-only quantization (int8 weights widened to float before a float matmul) i
 tori-int8-weight-matmul's (passes/int8_weight_matmul.py).
 
 Never changes: quantize/dequantize pairs whose quantized tensor is used otherwise
-(returned, or read by other ops), grouped or transposed convolutions, and graphs
-without these ops. Matmuls of dynamically quantized activations other than linear
+(returned, or read by other ops), transposed convolutions, grouped ones whose sums
+float32 would not hold exactly (more than 1023 products per group, or 258 taps per
+depthwise window), and graphs without these ops. Matmuls of dynamically quantized activations other than linear
 layers' (a bmm of two activations) run in float32 on the dequantized values.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import operator
@@ -93,14 +103,15 @@ def _signed_activations(gm: torch.fx.GraphModule, qd) -> int:
     return rewritten
 
 
-def _columns(q_input: torch.Tensor, pad_value, kh: int, kw: int, stride, padding, dilation) -> tuple:
-    """im2col of a quantized NCHW input, padded with `pad_value` (its zero point, a number
-    or a one-element tensor): rows (n, oh, ow), columns in a weight's (c, kh, kw) order;
-    and (batch, out_h, out_w)."""
+def _taps(q_input: torch.Tensor, pad_value, kh: int, kw: int, stride, padding, dilation) -> tuple:
+    """The kh*kw strided views (row-major over the kernel) of a quantized NCHW input
+    padded with `pad_value` (its zero point, a number or a one-element tensor) that a
+    window's positions read, each (N, C, OH, OW); (batch, out_h, out_w); and the
+    padded input."""
     batch, channels, height, width = q_input.shape
-    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
-    out_h = (height + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-    out_w = (width + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    (ph, pw) = padding
+    out_h, out_w = (_windows(size + 2 * p, k, s, d) for size, p, k, s, d in zip(
+        (height, width), padding, (kh, kw), stride, dilation))
     padded = q_input
     if (ph or pw) and isinstance(pad_value, torch.Tensor):  # a per-call zero point: the border set after padding
         inside = aten.constant_pad_nd.default(torch.ones(height, width, dtype=torch.bool), [pw, pw, ph, ph], 0)
@@ -108,10 +119,26 @@ def _columns(q_input: torch.Tensor, pad_value, kh: int, kw: int, stride, padding
                              pad_value.to(q_input.dtype))
     elif ph or pw:
         padded = aten.constant_pad_nd.default(q_input, [pw, pw, ph, ph], pad_value)
-    taps = [padded[:, :, i * dh: i * dh + sh * (out_h - 1) + 1: sh, j * dw: j * dw + sw * (out_w - 1) + 1: sw]
+    return _window_views(padded, kh, kw, stride, dilation, out_h, out_w), (batch, out_h, out_w), padded
+
+
+def _windows(size: int, kernel: int, stride: int, dilation: int) -> int:
+    """How many windows fit along a padded dimension of `size`."""
+    return (size - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def _window_views(padded: torch.Tensor, kh: int, kw: int, stride, dilation, out_h: int, out_w: int) -> list:
+    (sh, sw), (dh, dw) = stride, dilation
+    return [padded[:, :, i * dh: i * dh + sh * (out_h - 1) + 1: sh, j * dw: j * dw + sw * (out_w - 1) + 1: sw]
             for i in range(kh) for j in range(kw)]
-    columns = torch.stack(taps, 2).permute(0, 3, 4, 1, 2).reshape(batch * out_h * out_w, channels * kh * kw)
-    return columns, (batch, out_h, out_w)
+
+
+def _columns(q_input: torch.Tensor, pad_value, kh: int, kw: int, stride, padding, dilation) -> tuple:
+    """im2col of a quantized NCHW input padded with `pad_value`: rows (n, oh, ow),
+    columns in a weight's (c, kh, kw) order; and (batch, out_h, out_w)."""
+    taps, shape, _ = _taps(q_input, pad_value, kh, kw, stride, padding, dilation)
+    columns = torch.stack(taps, 2).permute(0, 3, 4, 1, 2).reshape(math.prod(shape), -1)
+    return columns, shape
 
 
 def _to_nchw(rows: torch.Tensor, shape: tuple, bias: torch.Tensor | None) -> torch.Tensor:
@@ -151,6 +178,84 @@ def dynamic_int8_conv2d(q_input: torch.Tensor, input_scale: torch.Tensor, input_
     return _to_nchw(rows, shape, bias)
 
 
+def _scaled(accumulated: torch.Tensor, input_scale, weight_scale, shape: tuple) -> torch.Tensor:
+    """An exact integer result (int32, or float32 holding integers) times the input's
+    scale (a number or a one-element tensor) and the weight's (a number, or a tensor of
+    one per output channel, in `shape`)."""
+    scale = input_scale.to(torch.float32) if isinstance(input_scale, torch.Tensor) else float(input_scale)
+    if isinstance(weight_scale, torch.Tensor):
+        scale = scale * weight_scale.to(torch.float32).reshape(shape)
+    else:
+        scale = scale * float(weight_scale)
+    return accumulated.to(torch.float32) * scale
+
+
+def _zero(zero_point, dtype: torch.dtype, shape: tuple = ()):
+    """A zero point (a number, or a tensor: one element, or one per output channel
+    in `shape`) as `dtype`."""
+    return zero_point.to(dtype).reshape(shape) if isinstance(zero_point, torch.Tensor) else zero_point
+
+
+def int8_depthwise_conv2d(q_input: torch.Tensor, input_scale, input_zero, q_weight: torch.Tensor, weight_scale,
+                          weight_zero, bias: torch.Tensor | None, stride, padding, dilation) -> torch.Tensor:
+    """conv2d(dequantize(q_input), dequantize(q_weight)) + bias with one input and one
+    output channel per group: the products of the integers less their zero points
+    summed in float32, which holds each sum exactly (`_INTEGER_DEPTHWISE`), by tori's
+    channels-last depthwise kernel (passes/depthwise_nhwc.py); the scales after. The
+    input is padded with zeros after its zero point is subtracted: with the zero point."""
+    channels = q_weight.shape[0]
+    x = q_input.to(torch.float32) - _zero(input_zero, torch.float32)
+    w = q_weight.to(torch.float32) - _zero(weight_zero, torch.float32, (channels, 1, 1, 1))
+    summed = aten.convolution.default(x, w, None, stride, padding, dilation, False, [0, 0], channels)
+    out = _scaled(summed, input_scale, weight_scale, (1, channels, 1, 1))
+    return out if bias is None else out + bias.reshape(1, channels, 1, 1)
+
+
+def int8_grouped_conv2d(q_input: torch.Tensor, input_scale, input_zero, input_dtype: torch.dtype,
+                        q_weight: torch.Tensor, weight_scale, weight_zero, bias: torch.Tensor | None, stride,
+                        padding, dilation, groups: int) -> torch.Tensor:
+    """conv2d(dequantize(q_input), dequantize(q_weight), groups=groups) + bias: im2col of
+    the quantized input (padded with its zero point), one int8 x int8 -> int32 matmul
+    per group over the batch's images in one batched matmul (IREE data-tiles it), the zero points' products
+    subtracted with the operands' sums, the scales applied after. The matmul is that of
+    the operands dequantized with scale 1 and zero point 0, which Torch-MLIR makes an
+    integer one; its float32 result holds the integer sum exactly (`_INTEGER_GROUPED`)."""
+    if input_dtype == torch.uint8:  # the same values as int8 with the zero point shifted by 128
+        q_input = (q_input.to(torch.int16) - 128).to(torch.int8)
+        input_zero = input_zero - 128
+    qd = torch.ops.quantized_decomposed
+    outputs, per_group, kh, kw = q_weight.shape
+    depth, group_outputs = per_group * kh * kw, outputs // groups
+    taps, (batch, out_h, out_w), padded = _taps(q_input, input_zero, kh, kw, stride, padding, dilation)
+    positions = out_h * out_w
+    # columns [G, c*kh*kw, N*OH*OW]: a group's channels, each with its kh*kw taps, the
+    # images side by side (Torch-MLIR's integer matmul is one of two 3-D operands)
+    x = torch.stack(taps, 2).reshape(batch, groups, depth, positions).permute(1, 2, 0, 3)
+    x = x.reshape(groups, depth, batch * positions)
+    w = q_weight.reshape(groups, group_outputs, depth)
+    as_integers = [qd.dequantize_per_tensor.default(t, 1.0, 0, -128, 127, torch.int8) for t in (w, x)]
+    products = torch.matmul(*as_integers).to(torch.int32)  # [G, G's outputs, N*OH*OW]
+    input_zero = _zero(input_zero, torch.int32)
+    weight_zero = _zero(weight_zero, torch.int32, (groups, group_outputs, 1))
+    # each window's sum over a group's channels: the padded input's sums over each
+    # group's channels, summed over the window's taps
+    group_sums = padded.reshape(batch, groups, per_group, *padded.shape[2:]).to(torch.int32).sum(2, dtype=torch.int32)
+    window_sums = functools.reduce(operator.add, _window_views(group_sums, kh, kw, stride, dilation, out_h, out_w))
+    window_sums = window_sums.permute(1, 0, 2, 3).reshape(groups, 1, batch * positions)
+    exact = (products - weight_zero * window_sums - input_zero * w.to(torch.int32).sum(2, keepdim=True, dtype=torch.int32)
+             + depth * input_zero * weight_zero)
+    out = _scaled(exact, input_scale, weight_scale, (groups, group_outputs, 1))
+    out = out.reshape(outputs, batch, positions).permute(1, 0, 2).reshape(batch, outputs, out_h, out_w)
+    return out if bias is None else out + bias.reshape(1, outputs, 1, 1)
+
+
+# Grouped convolutions whose integer sums float32 holds exactly (below 2**24 in
+# magnitude): a depthwise one sums kh*kw products of operands less their zero points
+# (each at most 255 in magnitude); a grouped one's matmul c*kh*kw products of int8
+# values (at most 128 in magnitude).
+_INTEGER_DEPTHWISE = (2**24 - 1) // (255 * 255)
+_INTEGER_GROUPED = (2**24 - 1) // (128 * 128)
+
 def _pair(value, default: int) -> tuple[int, int] | None:
     value = default if value is None else value
     if isinstance(value, int):
@@ -163,25 +268,25 @@ def _pair(value, default: int) -> tuple[int, int] | None:
 
 
 def _conv_args(node: torch.fx.Node):
-    """(input, weight, bias, stride, padding, dilation) of a 2-D, one-group, not
-    transposed convolution node, else None."""
+    """(input, weight, bias, stride, padding, dilation, groups) of a 2-D, not transposed
+    convolution node, else None."""
     if _is(node, aten.conv2d.default):
         names = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
         values = dict(zip(names, node.args))
         values.update(node.kwargs)
-        if values.get("groups", 1) != 1:
-            return None
     elif _is(node, aten.convolution.default) and len(node.args) == 9 and not node.kwargs:
         x, w, b, stride, padding, dilation, transposed, _, groups = node.args
-        if transposed or groups != 1:
+        if transposed:
             return None
-        values = {"input": x, "weight": w, "bias": b, "stride": stride, "padding": padding, "dilation": dilation}
+        values = {"input": x, "weight": w, "bias": b, "stride": stride, "padding": padding, "dilation": dilation,
+                  "groups": groups}
     else:
         return None
     pairs = [_pair(values.get(k), d) for k, d in (("stride", 1), ("padding", 0), ("dilation", 1))]
-    if None in pairs:
+    groups = values.get("groups", 1)
+    if None in pairs or not isinstance(groups, int):
         return None
-    return values["input"], values["weight"], values.get("bias"), *pairs
+    return values["input"], values["weight"], values.get("bias"), *pairs, groups
 
 
 def _rank(node) -> int | None:
@@ -223,20 +328,85 @@ def _dynamic_input(x) -> tuple | None:
     return q_input, scale, zero, dtype
 
 
+_FULL_RANGE = {torch.int8: (-128, 127), torch.uint8: (0, 255)}
+
+
+def _quantized_input(x) -> tuple | None:
+    """(q_input, scale, zero point, dtype) of a float32 dequantize of an activation
+    quantized per tensor to int8's or uint8's whole range, with constant parameters
+    (numbers) or per call (tensors)."""
+    dynamic = _dynamic_input(x)
+    if dynamic is not None:
+        return dynamic
+    if not _is(x, qd_op("dequantize_per_tensor")) or len(x.args) != 6 or x.kwargs:
+        return None
+    q_input, scale, zero, low, high, dtype = x.args
+    if (low, high) != _FULL_RANGE.get(dtype) or not isinstance(scale, float) or not isinstance(zero, int):
+        return None
+    return q_input, scale, zero, dtype
+
+
+def grouped_form(x, weight, groups: int) -> tuple | None:
+    """("depthwise" or "grouped", the input's quantization, the weight's) for a grouped
+    convolution of these nodes that `_integer_convolutions` rewrites, else None."""
+    found, int8_weight = _quantized_input(x), _int8_weight(weight)
+    if groups == 1 or found is None or int8_weight is None or _rank(found[0]) != 4:
+        return None
+    shape = _static_shape(int8_weight[0])
+    if shape is None or len(shape) != 4 or shape[0] % groups:
+        return None
+    outputs, per_group, kh, kw = shape
+    if per_group == 1 and outputs == groups and kh * kw <= _INTEGER_DEPTHWISE:
+        return "depthwise", found, int8_weight
+    if per_group * kh * kw <= _INTEGER_GROUPED:
+        return "grouped", found, int8_weight
+    return None
+
+
+def integer_grouped_convolution(x: torch.Tensor, weight: torch.Tensor, groups: int) -> bool:
+    """Whether a grouped convolution being traced (a decomposition's operands) reads a
+    quantized activation and weight that `rewrite_quantized` makes integer arithmetic:
+    its decomposition leaves it whole for that rewrite."""
+    if groups == 1:
+        return False
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot
+
+    mode = get_proxy_mode()
+    if mode is None:
+        return False
+    nodes = [get_proxy_slot(t, mode.tracer, None) for t in (x, weight)]
+    if None in nodes:
+        return False
+    return grouped_form(*(n.proxy.node for n in nodes), groups) is not None
+
+
 def _integer_convolutions(gm: torch.fx.GraphModule, qd) -> int:
-    """2-D one-group convolutions of an int8 weight and an activation quantized to int8
-    with constant parameters (`quantized_conv2d`) or per call (`dynamic_int8_conv2d`)."""
+    """2-D convolutions of an int8 weight and an activation quantized with constant
+    parameters (one group: `quantized_conv2d`) or per call (`dynamic_int8_conv2d`), and
+    grouped ones of either (`int8_depthwise_conv2d`, `int8_grouped_conv2d`)."""
     rewritten = 0
     for node in list(gm.graph.nodes):
         found = _conv_args(node)
         if found is None:
             continue
-        x, w, bias, stride, padding, dilation = found
+        x, w, bias, stride, padding, dilation, groups = found
+        geometry = (bias, list(stride), list(padding), list(dilation))
+        if groups != 1:
+            form = grouped_form(x, w, groups)
+            if form is None:
+                continue
+            kind, (q_input, scale, zero, dtype), (q_weight, w_scale, w_zero, *_) = form
+            if kind == "depthwise":
+                _splice(gm, node, int8_depthwise_conv2d, (q_input, scale, zero, q_weight, w_scale, w_zero, *geometry))
+            else:
+                _splice(gm, node, int8_grouped_conv2d, (q_input, scale, zero, dtype, q_weight, w_scale, w_zero,
+                                                        *geometry, groups))
+            rewritten += 1
+            continue
         weight = _int8_weight(w)
         if weight is None or _rank(weight[0]) != 4:
             continue
         q_weight, w_scale, w_zero, w_low, w_high, per_channel = weight
-        geometry = (bias, list(stride), list(padding), list(dilation))
         dynamic = _dynamic_input(x)
         if dynamic is not None and _rank(dynamic[0]) == 4:
             _splice(gm, node, dynamic_int8_conv2d, (*dynamic, q_weight, w_scale, w_zero, *geometry))

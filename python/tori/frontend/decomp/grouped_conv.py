@@ -14,7 +14,9 @@ their compile time. Each of the kernel's kh*kw taps is a strided view of the pad
 input. A 16-bit depthwise convolution multiplies each tap by its weight column and
 sums, which IREE fuses into one elementwise dispatch (0.61 ms for the 7x7); a
 grouped one stacks the taps into im2col columns per group and multiplies them by the
-group's weights in one batched matmul (1.1 ms for the 3x3).
+group's weights in one batched matmul (1.1 ms for the 3x3). A grouped convolution of
+a quantized activation and an int8 weight stays whole: frontend/quantized.py makes it
+integer arithmetic.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import torch
 
 from tori.frontend.decomp.pytorch import window_extent
 from tori.frontend.decompositions import register_decomposition
+from tori.frontend.quantized import integer_grouped_convolution
 
 aten = torch.ops.aten
 
@@ -76,6 +79,8 @@ def grouped_conv2d(op, x, weight, bias, stride, padding, dilation, transposed, o
         return NotImplemented
     if len(stride) != 2 or len(padding) != 2 or len(dilation) != 2:
         return NotImplemented
+    if integer_grouped_convolution(x, weight, groups):
+        return NotImplemented  # int8 operands: integer arithmetic (frontend/quantized.py)
     out_channels, per_group, kh, kw = weight.shape
     if per_group == 1 and out_channels == groups and x.dtype == torch.float32:
         return NotImplemented  # IREE's NHWC depthwise kernel (passes/depthwise_nhwc.py)
