@@ -3,6 +3,9 @@ and float32 depthwise ones in channels-last form (tori/passes/depthwise_nhwc.py)
 compiled and compared with eager: strides, padding, dilation, channel multipliers,
 batches, float16, and gradients."""
 
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -77,3 +80,20 @@ def test_ragged_1d_convolution_is_cut_to_what_its_windows_read(length, stride, p
                          rtol=1e-5, atol=1e-5)
     aten_code = tori.last_compile().forward.stages["aten"]
     assert ("aten.slice" in aten_code) == ((length + 2 * padding - dilation * 2 - 1) % stride != 0)
+
+
+def test_grouped_convolution_compiles_where_no_quantized_op_is_registered():
+    """The decomposition asks whether a grouped convolution's operands are quantized
+    (frontend/quantized.py) in a process where the quantized_decomposed ops were never
+    registered: a fresh interpreter that imports no quantization."""
+    script = (
+        "import torch, tori\n"
+        "conv = torch.nn.Conv2d(8, 8, 3, padding=1, groups=2).eval()\n"
+        "x = torch.randn(1, 8, 6, 6)\n"
+        "assert not hasattr(torch.ops.quantized_decomposed, 'dequantize_per_tensor')\n"
+        "with torch.no_grad():\n"
+        "    out = torch.compile(conv, backend='tori', options={'fallback': 'error', 'cache': False})(x)\n"
+        "torch.testing.assert_close(out, conv(x), rtol=1e-4, atol=1e-5)\n"
+        "print('compiled')\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]

@@ -377,7 +377,11 @@ def integer_grouped_convolution(x: torch.Tensor, weight: torch.Tensor, groups: i
     nodes = [get_proxy_slot(t, mode.tracer, None) for t in (x, weight)]
     if None in nodes:
         return False
-    return grouped_form(*(n.proxy.node for n in nodes), groups) is not None
+    x, weight = (n.proxy.node for n in nodes)
+    # (the quantized_decomposed ops are registered only where a quantized graph made them)
+    if not any(getattr(n.target, "namespace", None) == "quantized_decomposed" for n in (x, weight)):
+        return False
+    return grouped_form(x, weight, groups) is not None
 
 
 def _integer_convolutions(gm: torch.fx.GraphModule, qd) -> int:
