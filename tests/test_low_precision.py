@@ -119,14 +119,19 @@ def _within_quantization(actual, expected, float_out):
     assert difference.mean().item() <= 0.1 * (expected - float_out).abs().mean().item() + 1e-6
 
 
-@pytest.mark.parametrize("per_channel", [True, False], ids=["per-channel", "per-tensor"])
-def test_pt2e_linear_layers_run_integer_matmuls(per_channel):
+@pytest.mark.parametrize("model,shape,per_channel", [(MLP, (16, 64), True), (MLP, (16, 64), False),
+                                                     (Tokens, (2, 64, 8), True)],
+                         ids=["per-channel", "per-tensor", "tokens"])
+def test_pt2e_linear_layers_run_integer_matmuls(model, shape, per_channel):
+    """Linear layers of 2-D inputs, and of 3-D ones (a transformer's tokens: rows of
+    the input reshaped after its dequantize, which left Torch-MLIR's matmul float32)."""
     torch.manual_seed(0)
-    model, x = MLP().eval(), torch.randn(16, 64)
-    _, expected, float_out, actual, graph = _compile_quantized(model, x, per_channel=per_channel)
+    net, x = model().eval(), torch.randn(*shape)
+    _, expected, float_out, actual, graph = _compile_quantized(net, x, per_channel=per_channel)
     _within_quantization(actual, expected, float_out)
     integer, other = _integer_matmuls(graph)
-    assert len(integer) == 3 and not other, (integer, other)
+    layers = sum(isinstance(m, torch.nn.Linear) for m in net.modules())
+    assert len(integer) == layers and not other, (integer, other)
 
 
 def test_pt2e_convolutions_run_integer_matmuls():

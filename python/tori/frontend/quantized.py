@@ -7,7 +7,7 @@ stays one of ATen ops with their metadata.
 
 Torch-MLIR fuses `mm(dequantize(x), dequantize(w))` into an integer matmul with the
 zero points subtracted and the scales applied after (i8 x i8 -> i32); IREE data-tiles
-it for the CPU's integer dot-product instructions. Three forms escape it:
+it for the CPU's integer dot-product instructions. These forms escape it:
 
 - uint8 activations (X86InductorQuantizer's default): the matmul becomes a generic
   of `extui` and `extsi` operands that IREE neither data-tiles nor gives a kernel
@@ -21,6 +21,9 @@ it for the CPU's integer dot-product instructions. Three forms escape it:
   zero point, which dequantizes to 0) and one matmul against the int8 weight,
   reshaped to [O, C*kh*kw], each operand dequantized just before the matmul.
 
+- linear layers of more than two dimensions (a transformer's tokens): the input is
+  reshaped to rows after its dequantize, which kept Torch-MLIR's matmul float32. The
+  reshape moves before the dequantize (`quantized_linear_as`).
 - grouped 2-D convolutions: Torch-MLIR made a depthwise one an integer convolution
   that IREE lowered to a generic along the wrong dimension (an int8 MobileNetV3 ran
   2.9x slower than the float one), and tori's decomposition of grouped ones (the taps
@@ -519,34 +522,55 @@ def dynamic_int8_linear_as(q_input, input_scale, input_zero, input_dtype, q_weig
                                weight_zero).reshape(shape)
 
 
-def _dynamic_linears(gm: torch.fx.GraphModule, qd) -> int:
-    """A linear layer of an activation quantized per call and a 2-D int8 weight becomes
-    `dynamic_int8_linear`: mm(dequantize_per_tensor.tensor(x), permute(dequantize(w)))
-    with x reshaped to rows after its dequantize (a linear of more than two
-    dimensions), and the bmm form of a linear of a non-contiguous input (x expanded to
-    its own shape, the transposed weight expanded over the batch). The quantization is
-    per tensor, so x's rows are its values in any shape."""
+def quantized_linear_as(q_input: torch.Tensor, scale: float, zero: int, low: int, high: int,
+                        weight_t: torch.Tensor, shape: list[int]) -> torch.Tensor:
+    """A linear layer of an int8 activation quantized with constant parameters, as the
+    matmul of its rows dequantized (the quantization is per tensor: any shape holds the
+    same values) and the dequantized weight transposed, which Torch-MLIR makes an
+    integer matmul; the result in the matmul's `shape`."""
+    rows = torch.ops.quantized_decomposed.dequantize_per_tensor.default(
+        q_input.reshape(-1, weight_t.shape[0]), scale, zero, low, high, torch.int8)
+    return torch.mm(rows, weight_t).reshape(shape)
+
+
+def _linears(gm: torch.fx.GraphModule, qd) -> int:
+    """Linear layers of a quantized activation and a 2-D int8 weight:
+    mm(dequantize(x), permute(dequantize(w))), with x reshaped to rows after its
+    dequantize (a linear of more than two dimensions), and the bmm form of a linear of
+    a non-contiguous input (x expanded to its own shape, the transposed weight expanded
+    over the batch). The quantization is per tensor, so x's rows are its values in any
+    shape. An activation quantized per call becomes `dynamic_int8_linear`; one with
+    constant parameters is dequantized after the reshape to rows, where Torch-MLIR
+    fuses the matmul (a reshape between them left it float32)."""
     rewritten = 0
     for node in list(gm.graph.nodes):
         if not (_is(node, aten.mm.default) or _is(node, aten.bmm.default)):
             continue
         x, transposed = node.args
         source = _reshaped(x)
-        dynamic = _dynamic_input(source)
+        found = _quantized_input(source)
         transposed = _reshaped(transposed)
-        if dynamic is None or not _is(transposed, aten.permute.default) or list(transposed.args[1]) != [1, 0]:
+        if found is None or not _is(transposed, aten.permute.default) or list(transposed.args[1]) != [1, 0]:
             continue
         weight = _int8_weight(transposed.args[0])
         if weight is None or _rank(weight[0]) != 2:
             continue
-        if source is x and _rank(x) == 2 and _is(node, aten.mm.default):  # sizes may be symbolic
-            _splice(gm, node, dynamic_int8_linear, (*dynamic, *weight[:3]))
-            rewritten += 1
-            continue
+        q_input, scale, zero, dtype = found
+        dynamic = isinstance(scale, torch.fx.Node)
+        if source is x and _rank(x) == 2 and _is(node, aten.mm.default):
+            if dynamic:  # sizes may be symbolic
+                _splice(gm, node, dynamic_int8_linear, (*found, *weight[:3]))
+                rewritten += 1
+            continue  # constant parameters: Torch-MLIR's integer matmul as it stands
         x_shape, rows_shape, shape = _static_shape(source), _static_shape(x), _static_shape(node)
         if None in (x_shape, rows_shape, shape) or math.prod(x_shape) != math.prod(rows_shape):
             continue  # symbolic sizes, or an expand that broadcasts x
-        _splice(gm, node, dynamic_int8_linear_as, (*dynamic, *weight[:3], shape))
+        if dynamic:
+            _splice(gm, node, dynamic_int8_linear_as, (*found, *weight[:3], shape))
+        elif dtype == torch.int8:
+            _splice(gm, node, quantized_linear_as, (q_input, scale, zero, -128, 127, transposed, shape))
+        else:
+            continue
         rewritten += 1
     return rewritten
 
@@ -575,7 +599,7 @@ def dequantize_per_tensor(q, scale, zero_point, quant_min, quant_max, dtype, *, 
 
 
 def _dynamic_formulas(gm: torch.fx.GraphModule, qd) -> int:
-    """The per-call quantization ops left after `_dynamic_linears`, as formulas: Torch-MLIR
+    """The per-call quantization ops left after `_linears`, as formulas: Torch-MLIR
     imports none of them, and their PyTorch kernels read the tensors with `.item()`."""
     formulas = {qd.choose_qparams.tensor: choose_qparams, qd.quantize_per_tensor.tensor: quantize_per_tensor,
                 qd.dequantize_per_tensor.tensor: dequantize_per_tensor}
@@ -611,7 +635,7 @@ def rewrite_quantized(gm: torch.fx.GraphModule) -> int:
     if qd is None:
         return 0
     before = _summary_entries(gm)
-    rewritten = _signed_activations(gm, qd) + _integer_convolutions(gm, qd) + _dynamic_linears(gm, qd)
+    rewritten = _signed_activations(gm, qd) + _integer_convolutions(gm, qd) + _linears(gm, qd)
     if rewritten:  # the quantize ops whose dequantize the rewrites replaced
         _erase_unused(gm)
     rewritten += _dynamic_formulas(gm, qd)
