@@ -1,7 +1,8 @@
 """Low precision through tori, each ratio from one process (`make bench-quantized`):
 
 - int8 PT2E (torchao's prepare_pt2e / convert_pt2e, X86InductorQuantizer: int8
-  per-channel weights, uint8 activations, static and dynamic): latency of the int8 model against
+  per-channel weights, uint8 activations, static and dynamic), on a wide MLP and on
+  convolutional networks (dense, grouped and depthwise): latency of the int8 model against
   the float32 one, both through tori, and eager's for both; agreement with eager's
   int8 model and with float32; the exported artifacts' sizes (external weights).
 - weight-only int8 decoding (torchao's Int8WeightOnlyConfig): transformers'
@@ -49,12 +50,19 @@ class WideMLP(torch.nn.Module):
         return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
 
 
-def _models():
+# the real models measured besides the wide MLP, at batch 1: ResNet-18 (dense
+# convolutions), and mobile networks' grouped and depthwise convolutions
+CONVOLUTION_MODELS = ("resnet18", "mobilenetv3", "efficientnet_b0", "regnety_016")
+
+
+def _models(names: tuple[str, ...]) -> dict:
     """name -> (float32 model, inputs)."""
     torch.manual_seed(0)
-    resnet = REAL_MODELS["resnet18"]
-    return {"wide_mlp b64": (WideMLP().eval(), (torch.randn(64, 512),)),
-            "resnet18 b1": (resnet.build(), resnet.inputs(1))}
+    models = {"wide_mlp b64": (WideMLP().eval(), (torch.randn(64, 512),))} if "wide_mlp" in names else {}
+    for name in names:
+        if name in REAL_MODELS:
+            models[f"{name} b1"] = (REAL_MODELS[name].build(), REAL_MODELS[name].inputs(1))
+    return models
 
 
 def _interleaved(fns: dict, args: tuple, seconds: float, rounds: int = 4) -> dict:
@@ -186,10 +194,16 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=4.0, help="timing per configuration")
     parser.add_argument("--json", type=Path, help="write the results here")
     parser.add_argument("--no-decode", action="store_true", help="leave weight-only decoding out")
+    parser.add_argument("--models", default=",".join(("wide_mlp", *CONVOLUTION_MODELS)),
+                        help="comma-separated: wide_mlp and real models' names (benchmarks/real_models.py)")
     args = parser.parse_args()
+    names = tuple(n for n in args.models.split(",") if n)
+    unknown = [n for n in names if n != "wide_mlp" and n not in REAL_MODELS]
+    if unknown:
+        parser.error(f"unknown models {unknown}: wide_mlp or one of {sorted(REAL_MODELS)}")
     os.environ.setdefault("TORI_CACHE_DIR", tempfile.mkdtemp(prefix="tori-bench-quantized-"))
     results = {"pt2e": [], "bf16": [], "decode": None}
-    for name, (model, inputs) in _models().items():
+    for name, (model, inputs) in _models(names).items():
         for dynamic in (False, True):
             row = measure_pt2e(name, model, inputs, args.seconds, dynamic)
             results["pt2e"].append(row)
