@@ -20,7 +20,6 @@ it for the CPU's integer dot-product instructions. These forms escape it:
   dequantized operands. It becomes im2col of the int8 input (padded with the input's
   zero point, which dequantizes to 0) and one matmul against the int8 weight,
   reshaped to [O, C*kh*kw], each operand dequantized just before the matmul.
-
 - linear layers of more than two dimensions (a transformer's tokens): the input is
   reshaped to rows after its dequantize, which kept Torch-MLIR's matmul float32. The
   reshape moves before the dequantize (`quantized_linear_as`).
@@ -47,8 +46,8 @@ tori-int8-weight-matmul's (passes/int8_weight_matmul.py).
 Never changes: quantize/dequantize pairs whose quantized tensor is used otherwise
 (returned, or read by other ops), transposed convolutions, grouped ones whose sums
 float32 would not hold exactly (more than 1023 products per group, or 258 taps per
-depthwise window), and graphs without these ops. Matmuls of dynamically quantized activations other than linear
-layers' (a bmm of two activations) run in float32 on the dequantized values.
+depthwise window), and graphs without these ops. Matmuls of two quantized
+activations (a bmm) run in float32 on the dequantized values.
 """
 
 from __future__ import annotations
@@ -131,6 +130,7 @@ def _windows(size: int, kernel: int, stride: int, dilation: int) -> int:
 
 
 def _window_views(padded: torch.Tensor, kh: int, kw: int, stride, dilation, out_h: int, out_w: int) -> list:
+    """The kh*kw strided views of `padded` ([N, C, H, W]) that the windows read."""
     (sh, sw), (dh, dw) = stride, dilation
     return [padded[:, :, i * dh: i * dh + sh * (out_h - 1) + 1: sh, j * dw: j * dw + sw * (out_w - 1) + 1: sw]
             for i in range(kh) for j in range(kw)]
