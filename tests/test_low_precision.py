@@ -241,6 +241,39 @@ def test_int8_depthwise_conv2d_is_the_dequantized_convolution(dynamic):
     torch.testing.assert_close(actual.double(), expected, rtol=1e-6, atol=1e-6)
 
 
+def test_one_row_int8_linear_is_an_int_mm():
+    """A static int8 linear layer of one row (a classifier at batch 1) is tori's
+    `_int_mm` form, as dynamic ones are: Torch-MLIR's own form of it made ResNet-18's
+    data-tiled compile fail (below)."""
+    torch.manual_seed(0)
+    model, x = MLP().eval(), torch.randn(1, 64)
+    _, expected, float_out, actual, graph = _compile_quantized(model, x)
+    _within_quantization(actual, expected, float_out)
+    assert graph.stages["aten"].count("aten._int_mm") == 3
+    integer, other = _integer_matmuls(graph)
+    assert len(integer) == 3 and not other, (integer, other)
+
+
+@pytest.mark.extended
+def test_int8_resnet18_compiles_with_the_first_data_tiling_path():
+    """An int8 ResNet-18 at batch 1 compiles with the code generation rules' own flags:
+    its classifier in Torch-MLIR's form failed IREE's data tiling ("'iree_linalg_ext.
+    map_store' op write affecting operations on global resources ...") and the graph was
+    compiled again with IREE's global-optimization data tiling, which fuses less."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from real_models import REAL_MODELS
+
+    resnet = REAL_MODELS["resnet18"]
+    model, inputs = resnet.build(), resnet.inputs(1)
+    quantized = quantize_pt2e(model, *inputs, calibration=1)
+    with torch.no_grad():
+        expected = quantized(*inputs)
+        actual = torch.compile(quantized, backend="tori", options={"fallback": "error", "cache": False})(*inputs)
+    assert (actual - expected).abs().max().item() <= (expected - model(*inputs)).abs().max().item()
+    flags = tori.last_compile().graphs[-1].iree_invocation.flags
+    assert "--iree-opt-data-tiling=true" in flags and "--iree-global-opt-data-tiling" not in flags, flags
+
+
 @pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
 def test_pt2e_grouped_convolutions_run_integer_arithmetic(dynamic):
     """Grouped convolutions with several channels per group (and channel multipliers)

@@ -20,6 +20,12 @@ it for the CPU's integer dot-product instructions. These forms escape it:
   dequantized operands. It becomes im2col of the int8 input (padded with the input's
   zero point, which dequantizes to 0) and one matmul against the int8 weight,
   reshaped to [O, C*kh*kw], each operand dequantized just before the matmul.
+- a linear layer of one row with constant activation parameters (a classifier at
+  batch 1): Torch-MLIR's form folded the row's zero-point correction into the
+  data-tiled accumulator, whose dispatch IREE failed to compile ("'iree_linalg_ext.
+  map_store' op write affecting operations on global resources ..."), and the whole
+  graph (an int8 ResNet-18's) was compiled again with IREE's global-optimization data
+  tiling, which fuses less. It becomes `int8_linear`, as dynamic ones do.
 - linear layers of more than two dimensions (a transformer's tokens): the input is
   reshaped to rows after its dequantize, which kept Torch-MLIR's matmul float32. The
   reshape moves before the dequantize (`quantized_linear_as`).
@@ -173,10 +179,10 @@ def dynamic_int8_conv2d(q_input: torch.Tensor, input_scale: torch.Tensor, input_
                         bias: torch.Tensor | None, stride, padding, dilation) -> torch.Tensor:
     """conv2d(dequantize(q_input), dequantize(q_weight)) + bias for an activation quantized
     per call: im2col of the quantized input (padded with its zero point, which
-    dequantizes to 0) and `dynamic_int8_linear` against the weight as [O, C*kh*kw]."""
+    dequantizes to 0) and `int8_linear` against the weight as [O, C*kh*kw]."""
     outputs, _, kh, kw = q_weight.shape
     columns, shape = _columns(q_input, input_zero, kh, kw, stride, padding, dilation)
-    rows = dynamic_int8_linear(columns, input_scale, input_zero, input_dtype, q_weight.reshape(outputs, -1),
+    rows = int8_linear(columns, input_scale, input_zero, input_dtype, q_weight.reshape(outputs, -1),
                                weight_scale, weight_zero)
     return _to_nchw(rows, shape, bias)
 
@@ -475,25 +481,24 @@ def _splice(gm: torch.fx.GraphModule, node: torch.fx.Node, fn, args: tuple) -> N
     gm.graph.erase_node(node)
 
 
-def dynamic_int8_linear(q_input: torch.Tensor, input_scale: torch.Tensor, input_zero: torch.Tensor,
-                        input_dtype: torch.dtype, q_weight: torch.Tensor, weight_scale, weight_zero) -> torch.Tensor:
-    """dequantize(q_input) @ dequantize(q_weight).T for an activation quantized per call
-    (scale and zero point as tensors): an int8 x int8 -> int32 matmul, the zero points'
-    products subtracted with the operands' row sums, the scales applied after."""
+def int8_linear(q_input: torch.Tensor, input_scale, input_zero, input_dtype: torch.dtype, q_weight: torch.Tensor,
+                weight_scale, weight_zero) -> torch.Tensor:
+    """dequantize(q_input) @ dequantize(q_weight).T for an activation quantized per
+    tensor (scale and zero point as tensors, computed per call, or numbers): an int8 x
+    int8 -> int32 matmul, the zero points' products subtracted with the operands' row
+    sums, the scales applied after."""
     if input_dtype == torch.uint8:  # the same values as int8 with the zero point shifted by 128
         q_input = (q_input.to(torch.int16) - 128).to(torch.int8)
         input_zero = input_zero - 128
     depth = q_input.shape[1]
     accumulated = torch._int_mm(q_input, q_weight.permute(1, 0))
     # per-channel weights' scale and zero point are tensors, per-tensor ones numbers
-    input_zero = input_zero.to(torch.int32)
-    weight_zero = weight_zero.to(torch.int32) if isinstance(weight_zero, torch.Tensor) else int(weight_zero)
+    input_zero = _zero(input_zero, torch.int32)
+    weight_zero = _zero(weight_zero, torch.int32, (-1,))
     rows = q_input.to(torch.int32).sum(1, keepdim=True)
     columns = q_weight.to(torch.int32).sum(1)
     exact = accumulated - weight_zero * rows - input_zero * columns + depth * input_zero * weight_zero
-    scale = input_scale.to(torch.float32) * (weight_scale.to(torch.float32) if isinstance(weight_scale, torch.Tensor)
-                                             else float(weight_scale))
-    return exact.to(torch.float32) * scale
+    return _scaled(exact, input_scale, weight_scale, (-1,))
 
 
 _RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.expand.default)
@@ -515,10 +520,10 @@ def _static_shape(node) -> list[int] | None:
 
 def dynamic_int8_linear_as(q_input, input_scale, input_zero, input_dtype, q_weight, weight_scale, weight_zero,
                            shape: list[int]) -> torch.Tensor:
-    """`dynamic_int8_linear` of `q_input` as rows of the weight's depth (the quantization
+    """`int8_linear` of `q_input` as rows of the weight's depth (the quantization
     is per tensor: any shape holds the same values), its result in the matmul's `shape`."""
     rows = q_input.reshape(-1, q_weight.shape[1])
-    return dynamic_int8_linear(rows, input_scale, input_zero, input_dtype, q_weight, weight_scale,
+    return int8_linear(rows, input_scale, input_zero, input_dtype, q_weight, weight_scale,
                                weight_zero).reshape(shape)
 
 
@@ -539,9 +544,10 @@ def _linears(gm: torch.fx.GraphModule, qd) -> int:
     dequantize (a linear of more than two dimensions), and the bmm form of a linear of
     a non-contiguous input (x expanded to its own shape, the transposed weight expanded
     over the batch). The quantization is per tensor, so x's rows are its values in any
-    shape. An activation quantized per call becomes `dynamic_int8_linear`; one with
-    constant parameters is dequantized after the reshape to rows, where Torch-MLIR
-    fuses the matmul (a reshape between them left it float32)."""
+    shape. An activation quantized per call becomes `int8_linear`, and so does one
+    row of an activation with constant parameters; other rows with constant
+    parameters are dequantized after the reshape to rows, where Torch-MLIR fuses the
+    matmul (a reshape between them left it float32)."""
     rewritten = 0
     for node in list(gm.graph.nodes):
         if not (_is(node, aten.mm.default) or _is(node, aten.bmm.default)):
@@ -558,8 +564,8 @@ def _linears(gm: torch.fx.GraphModule, qd) -> int:
         q_input, scale, zero, dtype = found
         dynamic = isinstance(scale, torch.fx.Node)
         if source is x and _rank(x) == 2 and _is(node, aten.mm.default):
-            if dynamic:  # sizes may be symbolic
-                _splice(gm, node, dynamic_int8_linear, (*found, *weight[:3]))
+            if dynamic or (_static_shape(x) or [0])[0] == 1:  # sizes may be symbolic
+                _splice(gm, node, int8_linear, (*found, *weight[:3]))
                 rewritten += 1
             continue  # constant parameters: Torch-MLIR's integer matmul as it stands
         x_shape, rows_shape, shape = _static_shape(source), _static_shape(x), _static_shape(node)
