@@ -183,8 +183,16 @@ def dynamic_int8_conv2d(q_input: torch.Tensor, input_scale: torch.Tensor, input_
     outputs, _, kh, kw = q_weight.shape
     columns, shape = _columns(q_input, input_zero, kh, kw, stride, padding, dilation)
     rows = int8_linear(columns, input_scale, input_zero, input_dtype, q_weight.reshape(outputs, -1),
-                               weight_scale, weight_zero)
+                       weight_scale, weight_zero)
     return _to_nchw(rows, shape, bias)
+
+
+def _as_int8(q_input: torch.Tensor, zero_point, dtype: torch.dtype) -> tuple:
+    """An activation quantized to uint8 as the same values quantized to int8: shifted
+    by 128, and its zero point (a number or a tensor) with it; int8 ones as they are."""
+    if dtype != torch.uint8:
+        return q_input, zero_point
+    return (q_input.to(torch.int16) - 128).to(torch.int8), zero_point - 128
 
 
 def _scaled(accumulated: torch.Tensor, input_scale, weight_scale, shape: tuple) -> torch.Tensor:
@@ -225,13 +233,11 @@ def int8_grouped_conv2d(q_input: torch.Tensor, input_scale, input_zero, input_dt
                         padding, dilation, groups: int) -> torch.Tensor:
     """conv2d(dequantize(q_input), dequantize(q_weight), groups=groups) + bias: im2col of
     the quantized input (padded with its zero point), one int8 x int8 -> int32 matmul
-    per group over the batch's images in one batched matmul (IREE data-tiles it), the zero points' products
-    subtracted with the operands' sums, the scales applied after. The matmul is that of
+    per group over the batch's images in one batched matmul (IREE data-tiles it), the
+    zero points' products subtracted with the operands' sums, the scales applied after. The matmul is that of
     the operands dequantized with scale 1 and zero point 0, which Torch-MLIR makes an
     integer one; its float32 result holds the integer sum exactly (`_INTEGER_GROUPED`)."""
-    if input_dtype == torch.uint8:  # the same values as int8 with the zero point shifted by 128
-        q_input = (q_input.to(torch.int16) - 128).to(torch.int8)
-        input_zero = input_zero - 128
+    q_input, input_zero = _as_int8(q_input, input_zero, input_dtype)
     qd = torch.ops.quantized_decomposed
     outputs, per_group, kh, kw = q_weight.shape
     depth, group_outputs = per_group * kh * kw, outputs // groups
@@ -251,8 +257,8 @@ def int8_grouped_conv2d(q_input: torch.Tensor, input_scale, input_zero, input_dt
     group_sums = padded.reshape(batch, groups, per_group, *padded.shape[2:]).to(torch.int32).sum(2, dtype=torch.int32)
     window_sums = functools.reduce(operator.add, _window_views(group_sums, kh, kw, stride, dilation, out_h, out_w))
     window_sums = window_sums.permute(1, 0, 2, 3).reshape(groups, 1, batch * positions)
-    exact = (products - weight_zero * window_sums - input_zero * w.to(torch.int32).sum(2, keepdim=True, dtype=torch.int32)
-             + depth * input_zero * weight_zero)
+    weight_sums = w.to(torch.int32).sum(2, keepdim=True, dtype=torch.int32)
+    exact = products - weight_zero * window_sums - input_zero * weight_sums + depth * input_zero * weight_zero
     out = _scaled(exact, input_scale, weight_scale, (groups, group_outputs, 1))
     out = out.reshape(outputs, batch, positions).permute(1, 0, 2).reshape(batch, outputs, out_h, out_w)
     return out if bias is None else out + bias.reshape(1, outputs, 1, 1)
@@ -487,9 +493,7 @@ def int8_linear(q_input: torch.Tensor, input_scale, input_zero, input_dtype: tor
     tensor (scale and zero point as tensors, computed per call, or numbers): an int8 x
     int8 -> int32 matmul, the zero points' products subtracted with the operands' row
     sums, the scales applied after."""
-    if input_dtype == torch.uint8:  # the same values as int8 with the zero point shifted by 128
-        q_input = (q_input.to(torch.int16) - 128).to(torch.int8)
-        input_zero = input_zero - 128
+    q_input, input_zero = _as_int8(q_input, input_zero, input_dtype)
     depth = q_input.shape[1]
     accumulated = torch._int_mm(q_input, q_weight.permute(1, 0))
     # per-channel weights' scale and zero point are tensors, per-tensor ones numbers
@@ -524,7 +528,7 @@ def dynamic_int8_linear_as(q_input, input_scale, input_zero, input_dtype, q_weig
     is per tensor: any shape holds the same values), its result in the matmul's `shape`."""
     rows = q_input.reshape(-1, q_weight.shape[1])
     return int8_linear(rows, input_scale, input_zero, input_dtype, q_weight, weight_scale,
-                               weight_zero).reshape(shape)
+                       weight_zero).reshape(shape)
 
 
 def quantized_linear_as(q_input: torch.Tensor, scale: float, zero: int, low: int, high: int,
