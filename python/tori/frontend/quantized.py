@@ -68,6 +68,7 @@ import torch
 import torch.fx
 
 from tori.aot.parameters import dtype_name
+from tori.frontend.channels_last import TO_NCHW, TO_NHWC, sink_channel_permutes
 from tori.frontend.splice import splice_traced
 
 log = logging.getLogger("tori.frontend.quantized")
@@ -111,23 +112,27 @@ def _signed_activations(gm: torch.fx.GraphModule, qd) -> int:
     return rewritten
 
 
-def _taps(q_input: torch.Tensor, pad_value, kh: int, kw: int, stride, padding, dilation) -> tuple:
+def _taps(q_input: torch.Tensor, pad_value, kh: int, kw: int, stride, padding, dilation,
+          channels_last: bool = False) -> tuple:
     """The kh*kw strided views (row-major over the kernel) of a quantized NCHW input
     padded with `pad_value` (its zero point, a number or a one-element tensor) that a
-    window's positions read, each (N, C, OH, OW); (batch, out_h, out_w); and the
+    window's positions read, each (N, C, OH, OW), or (N, OH, OW, C) of the input
+    permuted to channels-last with `channels_last`; (batch, out_h, out_w); and the
     padded input."""
     batch, channels, height, width = q_input.shape
     (ph, pw) = padding
     out_h, out_w = (_windows(size + 2 * p, k, s, d) for size, p, k, s, d in zip(
         (height, width), padding, (kh, kw), stride, dilation))
-    padded = q_input
+    padded = q_input.permute(TO_NHWC) if channels_last else q_input
+    border = [0, 0, pw, pw, ph, ph] if channels_last else [pw, pw, ph, ph]
     if (ph or pw) and isinstance(pad_value, torch.Tensor):  # a per-call zero point: the border set after padding
         inside = aten.constant_pad_nd.default(torch.ones(height, width, dtype=torch.bool), [pw, pw, ph, ph], 0)
-        padded = torch.where(inside, aten.constant_pad_nd.default(q_input, [pw, pw, ph, ph], 0),
-                             pad_value.to(q_input.dtype))
+        padded = torch.where(inside.unsqueeze(-1) if channels_last else inside,
+                             aten.constant_pad_nd.default(padded, border, 0), pad_value.to(q_input.dtype))
     elif ph or pw:
-        padded = aten.constant_pad_nd.default(q_input, [pw, pw, ph, ph], pad_value)
-    return _window_views(padded, kh, kw, stride, dilation, out_h, out_w), (batch, out_h, out_w), padded
+        padded = aten.constant_pad_nd.default(padded, border, pad_value)
+    views = _window_views(padded, kh, kw, stride, dilation, out_h, out_w, 1 if channels_last else 2)
+    return views, (batch, out_h, out_w), padded
 
 
 def _windows(size: int, kernel: int, stride: int, dilation: int) -> int:
@@ -135,26 +140,36 @@ def _windows(size: int, kernel: int, stride: int, dilation: int) -> int:
     return (size - dilation * (kernel - 1) - 1) // stride + 1
 
 
-def _window_views(padded: torch.Tensor, kh: int, kw: int, stride, dilation, out_h: int, out_w: int) -> list:
-    """The kh*kw strided views of `padded` ([N, C, H, W]) that the windows read."""
+def _window_views(padded: torch.Tensor, kh: int, kw: int, stride, dilation, out_h: int, out_w: int,
+                  height_dim: int = 2) -> list:
+    """The kh*kw strided views of `padded` (its spatial dimensions at `height_dim` and
+    the next) that the windows read."""
     (sh, sw), (dh, dw) = stride, dilation
-    return [padded[:, :, i * dh: i * dh + sh * (out_h - 1) + 1: sh, j * dw: j * dw + sw * (out_w - 1) + 1: sw]
+    lead = (slice(None),) * height_dim
+    return [padded[(*lead, slice(i * dh, i * dh + sh * (out_h - 1) + 1, sh),
+                    slice(j * dw, j * dw + sw * (out_w - 1) + 1, sw))]
             for i in range(kh) for j in range(kw)]
 
 
 def _columns(q_input: torch.Tensor, pad_value, kh: int, kw: int, stride, padding, dilation) -> tuple:
-    """im2col of a quantized NCHW input padded with `pad_value`: rows (n, oh, ow),
-    columns in a weight's (c, kh, kw) order; and (batch, out_h, out_w)."""
-    taps, shape, _ = _taps(q_input, pad_value, kh, kw, stride, padding, dilation)
-    columns = torch.stack(taps, 2).permute(0, 3, 4, 1, 2).reshape(math.prod(shape), -1)
-    return columns, shape
+    """im2col of a quantized NCHW input padded with `pad_value`, built channels-last:
+    rows (n, oh, ow), columns in (kh, kw, c) order (`_flat_weight`'s); and (batch,
+    out_h, out_w)."""
+    taps, shape, _ = _taps(q_input, pad_value, kh, kw, stride, padding, dilation, channels_last=True)
+    columns = taps[0] if len(taps) == 1 else torch.stack(taps, 3)
+    return columns.reshape(math.prod(shape), -1), shape
+
+
+def _flat_weight(q_weight: torch.Tensor) -> torch.Tensor:
+    """A convolution's [O, C, kh, kw] weight as [O, kh*kw*C], the order of `_columns`."""
+    return q_weight.permute(0, 2, 3, 1).reshape(q_weight.shape[0], -1)
 
 
 def _to_nchw(rows: torch.Tensor, shape: tuple, bias: torch.Tensor | None) -> torch.Tensor:
-    """A convolution's [n*oh*ow, o] matmul result as NCHW, plus its bias."""
-    outputs = rows.shape[1]
-    out = rows.reshape(*shape, outputs).permute(0, 3, 1, 2)
-    return out if bias is None else out + bias.reshape(1, outputs, 1, 1)
+    """A convolution's [n*oh*ow, o] matmul result plus its bias, as NCHW: a permute of
+    channels-last values, which `sink_channel_permutes` moves past elementwise ops."""
+    rows = rows if bias is None else rows + bias
+    return rows.reshape(*shape, rows.shape[1]).permute(TO_NCHW)
 
 
 def quantized_conv2d(q_input: torch.Tensor, input_scale: float, input_zero: int, input_low: int, input_high: int,
@@ -163,10 +178,10 @@ def quantized_conv2d(q_input: torch.Tensor, input_scale: float, input_zero: int,
     """conv2d(dequantize(q_input), dequantize(q_weight)) + bias as im2col of the int8
     input and one matmul of dequantized operands, which Torch-MLIR makes an integer one."""
     qd = torch.ops.quantized_decomposed
-    outputs, _, kh, kw = q_weight.shape
+    kh, kw = q_weight.shape[2:]
     columns, shape = _columns(q_input, input_zero, kh, kw, stride, padding, dilation)
     x = qd.dequantize_per_tensor.default(columns, input_scale, input_zero, input_low, input_high, torch.int8)
-    flat = q_weight.reshape(outputs, -1)
+    flat = _flat_weight(q_weight)
     if per_channel:
         w = qd.dequantize_per_channel.default(flat, weight_scale, weight_zero, 0, weight_low, weight_high, torch.int8)
     else:
@@ -179,11 +194,11 @@ def dynamic_int8_conv2d(q_input: torch.Tensor, input_scale: torch.Tensor, input_
                         bias: torch.Tensor | None, stride, padding, dilation) -> torch.Tensor:
     """conv2d(dequantize(q_input), dequantize(q_weight)) + bias for an activation quantized
     per call: im2col of the quantized input (padded with its zero point, which
-    dequantizes to 0) and `int8_linear` against the weight as [O, C*kh*kw]."""
-    outputs, _, kh, kw = q_weight.shape
+    dequantizes to 0) and `int8_linear` against the weight as [O, kh*kw*C]."""
+    kh, kw = q_weight.shape[2:]
     columns, shape = _columns(q_input, input_zero, kh, kw, stride, padding, dilation)
-    rows = int8_linear(columns, input_scale, input_zero, input_dtype, q_weight.reshape(outputs, -1),
-                       weight_scale, weight_zero)
+    rows = int8_linear(columns, input_scale, input_zero, input_dtype, _flat_weight(q_weight), weight_scale,
+                       weight_zero)
     return _to_nchw(rows, shape, bias)
 
 
@@ -224,8 +239,10 @@ def int8_depthwise_conv2d(q_input: torch.Tensor, input_scale, input_zero, q_weig
     x = q_input.to(torch.float32) - _zero(input_zero, torch.float32)
     w = q_weight.to(torch.float32) - _zero(weight_zero, torch.float32, (channels, 1, 1, 1))
     summed = aten.convolution.default(x, w, None, stride, padding, dilation, False, [0, 0], channels)
-    out = _scaled(summed, input_scale, weight_scale, (1, channels, 1, 1))
-    return out if bias is None else out + bias.reshape(1, channels, 1, 1)
+    # the scales and bias on channels-last values (the kernel's own layout), the result
+    # a permute of them for `sink_channel_permutes`
+    out = _scaled(summed.permute(TO_NHWC), input_scale, weight_scale, (channels,))
+    return (out if bias is None else out + bias).permute(TO_NCHW)
 
 
 def int8_grouped_conv2d(q_input: torch.Tensor, input_scale, input_zero, input_dtype: torch.dtype,
@@ -499,8 +516,8 @@ def int8_linear(q_input: torch.Tensor, input_scale, input_zero, input_dtype: tor
     # per-channel weights' scale and zero point are tensors, per-tensor ones numbers
     input_zero = _zero(input_zero, torch.int32)
     weight_zero = _zero(weight_zero, torch.int32, (-1,))
-    rows = q_input.to(torch.int32).sum(1, keepdim=True)
-    columns = q_weight.to(torch.int32).sum(1)
+    rows = q_input.to(torch.int32).sum(1, keepdim=True, dtype=torch.int32)
+    columns = q_weight.to(torch.int32).sum(1, dtype=torch.int32)
     exact = accumulated - weight_zero * rows - input_zero * columns + depth * input_zero * weight_zero
     return _scaled(exact, input_scale, weight_scale, (-1,))
 
@@ -603,6 +620,12 @@ def quantize_per_tensor(x, scale, zero_point, quant_min, quant_max, dtype):
     return torch.clamp(torch.round(x * inverse) + zero_point.to(x.dtype), quant_min, quant_max).to(dtype)
 
 
+def quantize_per_tensor_default(x, scale: float, zero_point: int, quant_min: int, quant_max: int, dtype):
+    """`quantize_per_tensor.default`: times the inverse scale, as eager computes it
+    (Torch-MLIR's lowering divides by the scale: a division per element)."""
+    return torch.clamp(torch.round(x * (1.0 / scale)) + zero_point, quant_min, quant_max).to(dtype)
+
+
 def dequantize_per_tensor(q, scale, zero_point, quant_min, quant_max, dtype, *, out_dtype=None):
     out_dtype = out_dtype or torch.float32
     return (q.to(out_dtype) - zero_point.to(out_dtype)) * scale.to(out_dtype)
@@ -612,9 +635,13 @@ def _dynamic_formulas(gm: torch.fx.GraphModule, qd) -> int:
     """The per-call quantization ops left after `_linears`, as formulas: Torch-MLIR
     imports none of them, and their PyTorch kernels read the tensors with `.item()`."""
     formulas = {qd.choose_qparams.tensor: choose_qparams, qd.quantize_per_tensor.tensor: quantize_per_tensor,
-                qd.dequantize_per_tensor.tensor: dequantize_per_tensor}
+                qd.dequantize_per_tensor.tensor: dequantize_per_tensor,
+                qd.quantize_per_tensor.default: quantize_per_tensor_default}
     rewritten = 0
     for node in list(gm.graph.nodes):
+        if node.target is qd.quantize_per_tensor.default and (
+                node.kwargs or getattr(_value(node.args[0]), "dtype", None) != torch.float32):
+            continue
         if node.op == "call_function" and node.target in formulas and node.users:
             fn = formulas[node.target]
             kwargs = dict(node.kwargs)
@@ -648,9 +675,13 @@ def rewrite_quantized(gm: torch.fx.GraphModule) -> int:
     rewritten = _signed_activations(gm, qd) + _integer_convolutions(gm, qd) + _linears(gm, qd)
     if rewritten:  # the quantize ops whose dequantize the rewrites replaced
         _erase_unused(gm)
+    # as the rewrites left them (an activation's uint8 pair now int8), before the
+    # formulas replace the quantize ops
+    before.update(_summary_entries(gm))
     rewritten += _dynamic_formulas(gm, qd)
     if rewritten:
         _erase_unused(gm)
+        sink_channel_permutes(gm)
         gm.recompile()
         log.debug("rewrote %d quantized patterns", rewritten)
         # The rewritten graph's own entries, and those its rewrites replaced with plain
