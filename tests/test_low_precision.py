@@ -20,6 +20,7 @@ import torch.nn.functional as F
 import tori
 from tori.frontend.quantized import int8_depthwise_conv2d, int8_grouped_conv2d, quantized_conv2d, rewrite_quantized
 from tori.frontend.signature import ArgKind
+from tori.targets.cpu import cpu_features, float16_types_without_arithmetic
 from tori.targets.dispatches import dispatches_of, recorded_flow_ir
 from tori.testing import assert_matches_eager, count_graphs, quantize_pt2e
 
@@ -402,6 +403,33 @@ def test_models_cast_to_16_bit_floats_match_eager(dtype):
     with torch.no_grad():
         out = assert_matches_eager(net, x, rtol=3e-2, atol=3e-2)
     assert out.dtype == dtype
+
+
+def test_cpu_features_say_which_16_bit_floats_have_arithmetic():
+    assert float16_types_without_arithmetic("nehalem") == {"bf16", "f16"}    # SSE 4.2
+    assert float16_types_without_arithmetic("znver3") == {"bf16"}            # AVX2, FMA and F16C
+    assert float16_types_without_arithmetic("znver4") == frozenset()         # AVX-512 BF16
+    assert "+avx2" in cpu_features("znver3") and "+avx512f" not in cpu_features("znver3")
+
+
+def test_bf16_matmuls_for_a_cpu_without_bf16_arithmetic_are_widened_to_float32():
+    """Compiled for Zen 3 (no bf16 instructions; its code runs on any AVX2 CPU), the
+    wide MLP's bf16 matmuls under autocast are float32 contractions of widened operands:
+    IREE's bf16 form ran one scalar multiply-add per product there, 92x the float32
+    model's time. The result is still bf16 and matches eager's autocast."""
+    torch.manual_seed(0)
+    net, x = WideMLP().eval(), torch.randn(16, 512)
+
+    def forward(x):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return net(x)
+
+    with torch.no_grad():
+        out = assert_matches_eager(forward, x, rtol=2e-2, atol=2e-2, options={"cpu": "znver3", "cache": False})
+    assert out.dtype == torch.bfloat16
+    contractions = [e for e in dispatches_of(recorded_flow_ir(tori.last_compile().graphs[-1])).entries
+                    if "matmul" in e]
+    assert len(contractions) == 3 and all(e.endswith("_f32") for e in contractions), contractions
 
 
 def _int8_weight_only(model):

@@ -3,6 +3,7 @@
 import pytest
 from torch_mlir import ir
 
+from tori.config import Options
 from tori.errors import CompileError
 from tori.frontend.importer import new_context
 from tori.passes.lower_dialect import check_lowered, lower_for_iree
@@ -72,7 +73,7 @@ def test_a_tori_op_left_after_lowering_is_a_compile_error():
         }
     """, context=context)
     with pytest.raises(CompileError, match=r"1 op\(s\) of the tori dialect \(tori.unknown_fact\) are left") as raised:
-        lower_for_iree(module, graph="g")
+        lower_for_iree(module, Options(), graph="g")
     assert raised.value.stage == "tori" and raised.value.op == "tori.unknown_fact"
 
 
@@ -83,6 +84,6 @@ def test_check_passes_on_lowered_ir():
           return %0 : !torch.vtensor<[2],f32>
         }
     """, context=new_context())
-    lower_for_iree(module)
+    lower_for_iree(module, Options())
     check_lowered(module)
     assert "tori." not in str(module)

@@ -45,7 +45,7 @@ from tori.passes.lower_dialect import lower_for_iree
 from tori.runtime import artifact as fmt
 from tori.stages import Stage
 from tori.targets import Target, codegen, spec
-from tori.targets.build import check_compiled_in, compile_with_strategy, cpu_only
+from tori.targets.build import check_compiled_in, compile_with_strategy
 from tori.aot.parameters import ExternalParameters, dtype_name
 from tori.aot.trace import Traced, check_functional, trace
 
@@ -166,9 +166,9 @@ def _export(model: Any, args: tuple | None, kwargs: Mapping[str, Any] | None, *,
     module = importer.module
     if opts.tori_pipeline:
         run_pipeline(module, opts.tori_pipeline, graph=name)
-    lower_for_iree(module, graph=name, cpu_only=cpu_only(target_list))
+    lower_for_iree(module, opts, graph=name)
     # Text when IREE's own ops are in it (parameters): their attributes parse only in IREE's context.
-    source = str(module).encode() if hooks is not None else to_bytecode(module)
+    source = str(module).encode() if module.context.allow_unregistered_dialects else to_bytecode(module)
     with stage(name, f"iree-compile ({', '.join(t.value for t in target_list)})"):
         vmfbs = _compile(source, opts, target_list, name, codegen.choose(graphs, opts, target_list))
     return _write(output_dir, name=name, opts=opts, vmfbs=vmfbs, specs=specs, symbols=symbols, traced=traced,

@@ -11,7 +11,8 @@ transposes before its depthwise convolutions; docs/quantization.md).
 `sink_channel_permutes` moves each NHWC -> NCHW permute below the elementwise ops
 (and spatial means) that read it, their broadcast operands ([N, C, 1, 1] and
 one-element tensors) permuted to match, and removes a permute back to NHWC that meets
-it. A value some other op reads in NCHW keeps one permute, shared by those readers.
+it; a whole tensor's range (a dynamic activation's) reads the NHWC values. A value
+some other op reads in NCHW keeps one permute, shared by those readers.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import torch
 import torch.fx
 
-from tori.frontend.splice import value_of
+from tori.frontend.splice import add_node, value_of
 
 aten = torch.ops.aten
 
@@ -57,20 +58,6 @@ def _rank4(value) -> bool:
     return isinstance(value, torch.Tensor) and value.dim() == 4
 
 
-def _add(graph: torch.fx.Graph, target, args: tuple, kwargs: dict, like: torch.fx.Node) -> torch.fx.Node:
-    """A new node computing `target(*args, **kwargs)`, its value from the fake values."""
-    from tori.frontend.quantized import _fake_mode
-
-    node = graph.call_function(target, args, kwargs)
-    values = [value_of(a) for a in args if isinstance(a, torch.fx.Node)]
-    with _fake_mode(values):
-        node.meta["val"] = target(*(value_of(a) for a in args), **kwargs)
-    for key in ("stack_trace", "nn_module_stack", "source_fn_stack"):
-        if key in like.meta:
-            node.meta[key] = like.meta[key]
-    return node
-
-
 def _nhwc_operand(graph: torch.fx.Graph, arg, node: torch.fx.Node):
     """`arg` of an elementwise op whose NCHW operands become NHWC: the NHWC value of a
     permuted one, a broadcast one ([N, C, 1, 1]) permuted, numbers and one-element
@@ -86,7 +73,7 @@ def _nhwc_operand(graph: torch.fx.Graph, arg, node: torch.fx.Node):
         return arg
     if value.dim() == 4 and value.shape[2] == 1 and value.shape[3] == 1:
         with graph.inserting_before(node):
-            return _add(graph, aten.permute.default, (arg, TO_NHWC), {}, node)
+            return add_node(graph, aten.permute.default, (arg, TO_NHWC), {}, node)
     return None
 
 
@@ -114,8 +101,8 @@ def _sink_through(graph: torch.fx.Graph, node: torch.fx.Node) -> torch.fx.Node |
     else:
         return None
     with graph.inserting_before(node):
-        nhwc = _add(graph, node.target, args, kwargs, node)
-        return _add(graph, aten.permute.default, (nhwc, TO_NCHW), {}, node)
+        nhwc = add_node(graph, node.target, args, kwargs, node)
+        return add_node(graph, aten.permute.default, (nhwc, TO_NCHW), {}, node)
 
 
 def sink_channel_permutes(gm: torch.fx.GraphModule) -> int:
@@ -123,6 +110,10 @@ def sink_channel_permutes(gm: torch.fx.GraphModule) -> int:
     the NCHW -> NHWC permutes they meet; the number of permutes removed."""
     graph = gm.graph
     for node in list(graph.nodes):
+        if node.target is aten.aminmax.default and not node.kwargs and len(node.args) == 1 \
+                and _is_permute(node.args[0], TO_NCHW):  # a dynamic activation's range: any layout
+            node.replace_input_with(node.args[0], node.args[0].args[0])
+            continue
         moved = _sink_through(graph, node)
         if moved is not None:
             node.replace_all_uses_with(moved)

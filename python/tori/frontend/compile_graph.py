@@ -29,7 +29,7 @@ from tori.runtime.compiled_graph import CompiledGraph
 from tori.runtime.targeted import runtime_graph
 from tori.stages import Stage
 from tori.targets import codegen
-from tori.targets.build import OtherTargets, compile_with_strategy, compiled_targets, cpu_only
+from tori.targets.build import OtherTargets, compile_with_strategy, compiled_targets
 from tori.targets.build import invocation as build_invocation
 from tori.tools.dump import after_compile, current_guards, iree_dump_flags
 
@@ -83,12 +83,14 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
             if vmfbs is not None:
                 stage_log.info("%s: served by the compile cache", record.name)
             if vmfbs is None or inspecting:
-                lower_for_iree(module, graph=record.name, cpu_only=cpu_only(compiled_targets(options)))
+                lower_for_iree(module, options, graph=record.name)
             if inspecting:
                 record.iree_input = str(module)
             if vmfbs is None:
-                # IREE's own ops (the globals of resident weights) parse only in IREE's context: text then.
-                bytecode = module.operation.get_asm(enable_debug_info=True).encode() if resident else to_bytecode(module)
+                # IREE's own ops (resident weights' globals, tori-widen-16-bit's barriers) parse only in
+                # IREE's context: text then.
+                bytecode = module.operation.get_asm(enable_debug_info=True).encode() \
+                    if module.context.allow_unregistered_dialects else to_bytecode(module)
                 others = OtherTargets(bytecode, options, record.name, record.stages[Stage.TORI], record.codegen)
                 with stage(record.name, f"iree-compile ({options.target.value})"):
                     vmfb, invocation = _compile_main_target(bytecode, options, record)

@@ -58,7 +58,6 @@ activations (a bmm) run in float32 on the dequantized values.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import math
@@ -69,7 +68,7 @@ import torch.fx
 
 from tori.aot.parameters import dtype_name
 from tori.frontend.channels_last import TO_NCHW, TO_NHWC, sink_channel_permutes
-from tori.frontend.splice import splice_traced
+from tori.frontend.splice import fake_mode_of, splice_traced
 
 log = logging.getLogger("tori.frontend.quantized")
 
@@ -235,8 +234,26 @@ def int8_depthwise_conv2d(q_input: torch.Tensor, input_scale, input_zero, q_weig
     summed in float32, which holds each sum exactly (`_INTEGER_DEPTHWISE`), by tori's
     channels-last depthwise kernel (passes/depthwise_nhwc.py); the scales after. The
     input is padded with zeros after its zero point is subtracted: with the zero point."""
-    channels = q_weight.shape[0]
     x = q_input.to(torch.float32) - _zero(input_zero, torch.float32)
+    return _depthwise_of_integers(x, input_scale, q_weight, weight_scale, weight_zero, bias, stride, padding, dilation)
+
+
+def requantized_depthwise_conv2d(values: torch.Tensor, input_scale: float, input_zero: int, input_low: int,
+                                 input_high: int, q_weight: torch.Tensor, weight_scale, weight_zero,
+                                 bias: torch.Tensor | None, stride, padding, dilation) -> torch.Tensor:
+    """`int8_depthwise_conv2d` of float32 `values` quantized with constant parameters
+    that nothing else reads quantized: their integers less the zero point, computed in
+    float32 (the same integers) without the int8 tensor between, which IREE converted
+    back to float32 in a dispatch of its own before each depthwise convolution."""
+    x = quantize_per_tensor_default(values, input_scale, input_zero, input_low, input_high, torch.float32) \
+        - float(input_zero)
+    return _depthwise_of_integers(x, input_scale, q_weight, weight_scale, weight_zero, bias, stride, padding, dilation)
+
+
+def _depthwise_of_integers(x: torch.Tensor, input_scale, q_weight: torch.Tensor, weight_scale, weight_zero,
+                           bias: torch.Tensor | None, stride, padding, dilation) -> torch.Tensor:
+    """The depthwise convolution of an input's integers less its zero point (float32)."""
+    channels = q_weight.shape[0]
     w = q_weight.to(torch.float32) - _zero(weight_zero, torch.float32, (channels, 1, 1, 1))
     summed = aten.convolution.default(x, w, None, stride, padding, dilation, False, [0, 0], channels)
     # the scales and bias on channels-last values (the kernel's own layout), the result
@@ -378,6 +395,21 @@ def _quantized_input(x) -> tuple | None:
     return q_input, scale, zero, dtype
 
 
+def _requantized(q_input, dequantized, reader) -> tuple | None:
+    """(values, scale, zero point, low, high) of a float32 tensor quantized per tensor
+    with constant parameters into `q_input`, when only `dequantized` reads that and only
+    `reader` reads `dequantized`; else None."""
+    if not _is(q_input, qd_op("quantize_per_tensor")) or len(q_input.args) != 6 or q_input.kwargs:
+        return None
+    values, scale, zero, low, high, dtype = q_input.args
+    if list(q_input.users) != [dequantized] or list(dequantized.users) != [reader] or dtype != torch.int8 \
+            or not isinstance(scale, float) or not isinstance(zero, int) \
+            or getattr(_value(values), "dtype", None) != torch.float32 \
+            or tuple(dequantized.args[1:6]) != (scale, zero, low, high, dtype):
+        return None
+    return values, scale, zero, low, high
+
+
 def grouped_form(x, weight, groups: int) -> tuple | None:
     """("depthwise" or "grouped", the input's quantization, the weight's) for a grouped
     convolution of these nodes that `_integer_convolutions` rewrites, else None."""
@@ -432,7 +464,11 @@ def _integer_convolutions(gm: torch.fx.GraphModule, qd) -> int:
             if form is None:
                 continue
             kind, (q_input, scale, zero, dtype), (q_weight, w_scale, w_zero, *_) = form
-            if kind == "depthwise":
+            quantized_from = _requantized(q_input, x, node)
+            if kind == "depthwise" and quantized_from is not None:
+                _splice(gm, node, requantized_depthwise_conv2d, (*quantized_from, q_weight, w_scale, w_zero,
+                                                                 *geometry))
+            elif kind == "depthwise":
                 _splice(gm, node, int8_depthwise_conv2d, (q_input, scale, zero, q_weight, w_scale, w_zero, *geometry))
             else:
                 _splice(gm, node, int8_grouped_conv2d, (q_input, scale, zero, dtype, q_weight, w_scale, w_zero,
@@ -466,17 +502,10 @@ def _retype(node: torch.fx.Node, dtype: torch.dtype) -> None:
 
     for key in ("val", "example_value"):
         if isinstance(node.meta.get(key), torch.Tensor):
-            with _fake_mode([node.meta[key]]):
+            with fake_mode_of([node.meta[key]]):
                 node.meta[key] = torch.empty_like(node.meta[key], dtype=dtype)
             if "tensor_meta" in node.meta:
                 node.meta["tensor_meta"] = _extract_tensor_metadata(node.meta[key])
-
-
-def _fake_mode(values):
-    from torch._guards import detect_fake_mode
-
-    mode = detect_fake_mode(values)
-    return mode if mode is not None else contextlib.nullcontext()
 
 
 def _value(node):
@@ -492,7 +521,7 @@ def _splice(gm: torch.fx.GraphModule, node: torch.fx.Node, fn, args: tuple) -> N
         supplied = iter(tensors)
         return fn(*(next(supplied) if isinstance(a, torch.fx.Node) else a for a in args))
 
-    result = splice_traced(gm.graph, node, call, inputs, _fake_mode([_value(a) for a in inputs]), decompose=False,
+    result = splice_traced(gm.graph, node, call, inputs, fake_mode_of([_value(a) for a in inputs]), decompose=False,
                            what=f"the quantized form of {node.target}")
     if isinstance(result, (tuple, list)):  # a tuple result: the node's getitem users take its parts
         for user in list(node.users):

@@ -5,6 +5,7 @@ random ops, quantized patterns)."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable
 
 import torch
@@ -66,3 +67,21 @@ def _constant(graph: torch.fx.Graph, tensor: torch.Tensor, what: str, node: torc
         index += 1
     owner.register_buffer(f"_tori_constant_{index}", tensor)
     return graph.get_attr(f"_tori_constant_{index}")
+
+
+def add_node(graph: torch.fx.Graph, target, args: tuple, kwargs: dict, like: torch.fx.Node) -> torch.fx.Node:
+    """A node computing `target(*args, **kwargs)` at the graph's insertion point, its
+    value computed from the arguments' fake values and its source from `like`."""
+    node = graph.call_function(target, args, kwargs)
+    with fake_mode_of([value_of(a) for a in args if isinstance(a, torch.fx.Node)]):
+        node.meta["val"] = target(*(value_of(a) for a in args), **kwargs)
+    node.meta.update({k: like.meta[k] for k in _SOURCE_KEYS if k in like.meta})
+    return node
+
+
+def fake_mode_of(values):
+    """The fake mode of `values` (a context), or a context that does nothing."""
+    from torch._guards import detect_fake_mode
+
+    mode = detect_fake_mode(values)
+    return mode if mode is not None else contextlib.nullcontext()

@@ -28,3 +28,4 @@ from tori.passes import lower_dialect  # noqa: E402,F401
 from tori.passes import fuse_attention  # noqa: E402,F401
 from tori.passes import fuse_layer_norm  # noqa: E402,F401
 from tori.passes import specialize_guards  # noqa: E402,F401
+from tori.passes import widen_16_bit  # noqa: E402,F401

@@ -25,7 +25,9 @@ from tori.dialects.tori import OP_NAMES
 from tori.errors import CompileError
 from tori.passes.depthwise_nhwc import PASS_NAME as DEPTHWISE_PASS
 from tori.passes.int8_weight_matmul import PASS_NAME as INT8_WEIGHT_PASS
+from tori.passes.matching import walk
 from tori.passes.registry import register_pass, run_pipeline
+from tori.passes.widen_16_bit import PASS_NAME as WIDEN_PASS
 from tori.stages import Stage
 
 PASS_NAME = "tori-lower-dialect"
@@ -65,12 +67,27 @@ def check_lowered(module: ir.Module, *, graph: str = "") -> None:
         )
 
 
-def lower_for_iree(module: ir.Module, *, graph: str = "", cpu_only: bool = False) -> None:
+def lower_for_iree(module: ir.Module, options, *, graph: str = "") -> None:
     """Run tori-lower-dialect over `module` and check that no tori op is left; then give
-    depthwise convolutions IREE's channels-last kernel (tori-depthwise-nhwc) and
-    matmuls against widened int8 weights one contraction (tori-int8-weight-matmul),
-    whatever the user's pipeline. `cpu_only`: every target the module is compiled for
-    is a CPU (the contractions may then carry IREE's CPU tiling)."""
-    int8 = f"{INT8_WEIGHT_PASS}{{cpu={str(cpu_only).lower()}}}"
-    run_pipeline(module, f"{PASS_NAME}, {DEPTHWISE_PASS}, {int8}", graph=graph)
+    depthwise convolutions IREE's channels-last kernel (tori-depthwise-nhwc), matmuls
+    against widened int8 weights one contraction (tori-int8-weight-matmul) and 16-bit
+    float contractions float32 operands where the CPU has no arithmetic for them
+    (tori-widen-16-bit), whatever the user's pipeline. The last two apply where every
+    target of `options` (tori Options) is a CPU (the contractions may then carry IREE's
+    CPU tiling)."""
+    from tori.targets.build import compiled_targets, cpu_only
+    from tori.targets.cpu import float16_types_without_arithmetic
+
+    only_cpu = cpu_only(compiled_targets(options))
+    missing = float16_types_without_arithmetic(options.cpu) if only_cpu and _has_16_bit_values(module) \
+        else frozenset()
+    int8 = f"{INT8_WEIGHT_PASS}{{cpu={str(only_cpu).lower()}}}"
+    widen = f"{WIDEN_PASS}{{bf16={str('bf16' in missing).lower()} f16={str('f16' in missing).lower()}}}"
+    run_pipeline(module, f"{PASS_NAME}, {DEPTHWISE_PASS}, {int8}, {widen}", graph=graph)
     check_lowered(module, graph=graph)
+
+
+def _has_16_bit_values(module: ir.Module) -> bool:
+    """Whether an op of `module` makes a bf16 or f16 tensor (the CPU's features are
+    asked only then)."""
+    return any(str(result.type).endswith(("bf16>", "f16>")) for op in walk(module.operation) for result in op.results)

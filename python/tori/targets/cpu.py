@@ -24,18 +24,49 @@ def check_cpu(name: str) -> str:
     """`name`, when iree-compile's LLVM knows it (or it is "host"); else OptionsError."""
     if name == "host":
         return name
-    from tori.targets.iree_compile import iree_compile_tool
-
-    with tempfile.TemporaryDirectory(prefix="tori-cpu-") as tmp:
-        source = Path(tmp) / "probe.mlir"
-        source.write_text(_PROBE)
-        done = subprocess.run(
-            [iree_compile_tool(), str(source), "--iree-hal-target-device=local",
-             "--iree-hal-local-target-device-backends=llvm-cpu", f"--iree-llvmcpu-target-cpu={name}",
-             "-o", str(Path(tmp) / "probe.vmfb")], capture_output=True, text=True, timeout=120)
+    done = _probe(name, "-o", "probe.vmfb")
     if "is not a recognized processor" in done.stderr or done.returncode != 0:
         accepted = _ACCEPTED.search(done.stderr)
         names = ["host", *(accepted.group(1).split(", ") if accepted else [])]
         raise OptionsError("cpu", name, names, unknown=True,
                            hint="'host' is the CPU compiling; a name is another machine's CPU model")
     return name
+
+
+_FEATURES = re.compile(r'cpu_features = "([^"]*)"')
+# LLVM features with which IREE's code for 16-bit float contractions is vector code
+# (x86, AArch64). F16C's conversions suffice for f16: a wide MLP in f16 ran 0.95 ms
+# on Zen 5 (no AVX-512 FP16), 1.79 with its operands widened first (float32 0.60);
+# bf16 without AVX-512 BF16 ran one scalar multiply-add per product (Zen 3).
+_ARITHMETIC = {"bf16": ("+avx512bf16", "+amx-bf16", "+bf16"),
+               "f16": ("+avx512fp16", "+amx-fp16", "+fullfp16", "+f16c")}
+
+
+@lru_cache(maxsize=None)
+def cpu_features(name: str) -> frozenset[str]:
+    """The LLVM features ("+avx2", ...) of CPU `name` ("host": this machine's), as
+    iree-compile resolves them for its code generation."""
+    found = _FEATURES.search(_probe(name, "--compile-to=executable-targets").stdout)
+    return frozenset(found.group(1).split(",")) if found else frozenset()
+
+
+def _probe(name: str, *flags: str) -> subprocess.CompletedProcess:
+    """iree-compile of a one-op function for CPU `name`, with `flags` (an output file
+    named in them is written to a temporary folder)."""
+    from tori.targets.iree_compile import iree_compile_tool
+
+    with tempfile.TemporaryDirectory(prefix="tori-cpu-") as tmp:
+        source = Path(tmp) / "probe.mlir"
+        source.write_text(_PROBE)
+        return subprocess.run(
+            [iree_compile_tool(), str(source), "--iree-hal-target-device=local",
+             "--iree-hal-local-target-device-backends=llvm-cpu", f"--iree-llvmcpu-target-cpu={name}",
+             *(str(Path(tmp) / f) if f.endswith(".vmfb") else f for f in flags)],
+            capture_output=True, text=True, timeout=120, cwd=tmp)
+
+
+def float16_types_without_arithmetic(name: str) -> frozenset[str]:
+    """Which of "bf16" and "f16" CPU `name` has no vector arithmetic (or conversions)
+    for: IREE's matmuls of them there run one scalar multiply-add per product."""
+    features = cpu_features(name)
+    return frozenset(kind for kind, needed in _ARITHMETIC.items() if not features & set(needed))

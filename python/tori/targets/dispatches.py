@@ -85,7 +85,6 @@ def graph_dispatch_count(graph, options) -> int:
     from tori.frontend.importer import new_context
     from tori.passes.lower_dialect import lower_for_iree
     from tori.stages import Stage
-    from tori.targets.build import compiled_targets, cpu_only
 
     recorded = recorded_flow_ir(graph)
     if recorded is not None:
@@ -93,10 +92,9 @@ def graph_dispatch_count(graph, options) -> int:
     # Served from the cache: its `tori` stage, with the flags of its code generation.
     text = graph.stages[Stage.TORI]
     context = new_context()
-    globals_ = "util.global" in text  # resident weights: IREE's ops, parsed only as text there
-    context.allow_unregistered_dialects = globals_
+    context.allow_unregistered_dialects = "util." in text  # IREE's ops (resident weights), parsed only as text there
     module = ir.Module.parse(text, context=context)
-    lower_for_iree(module, cpu_only=cpu_only(compiled_targets(options)))
+    lower_for_iree(module, options)
     chosen = graph.codegen.flags_for(options.target) if graph.codegen is not None else ()
-    source = str(module).encode() if globals_ else module
+    source = str(module).encode() if context.allow_unregistered_dialects else module
     return count_dispatches(source, target=options.target, options=options, flags=chosen).count

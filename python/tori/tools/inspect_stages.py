@@ -58,7 +58,6 @@ def inspect(fn: Callable, *example_inputs: Any, stages: Iterable[str | Stage] | 
     from tori.frontend.importer import import_graph
     from tori.passes import run_pipeline
     from tori.passes.lower_dialect import lower_for_iree
-    from tori.targets.build import compiled_targets, cpu_only
     from tori.targets.build import invocation as build_invocation
     from tori.tools.dump import elided
 
@@ -100,7 +99,7 @@ def inspect(fn: Callable, *example_inputs: Any, stages: Iterable[str | Stage] | 
                 if Stage.TORI in wanted:
                     texts[Stage.TORI.value] = show(str(module))
                 if Stage.IREE in wanted:
-                    lower_for_iree(module, graph=name, cpu_only=cpu_only(compiled_targets(opts)))
+                    lower_for_iree(module, opts, graph=name)
                     command = build_invocation(opts, opts.target)
                     texts[Stage.IREE.value] = (f"// {command.shell_command(f'{name}.mlir', f'{name}.vmfb')}\n"
                                                + show(str(module)))
