@@ -59,3 +59,12 @@ def test_a_spatial_mean_moves_and_a_full_nchw_operand_stops_the_move():
     means = [n for n in gm.graph.nodes if n.target is aten.mean.dim]
     assert [list(n.args[1]) for n in means] == [[1, 2]], gm.code
     assert any(n.target is aten.add.Tensor and n.args[0].target is aten.permute.default for n in gm.graph.nodes)
+
+
+def test_a_move_given_up_leaves_no_permute_behind():
+    def fn(rows, mask, gate):
+        # the full NCHW mask stops the move, after the gate's permute was made for it
+        return torch.where(mask, rows.permute(TO_NCHW), gate)
+
+    gm, removed = _sunk(fn, torch.randn(1, 3, 4, 5), torch.rand(1, 5, 3, 4) > 0.5, torch.randn(1, 5, 1, 1))
+    assert removed == 0 and _permutes(gm) == [TO_NCHW], gm.code

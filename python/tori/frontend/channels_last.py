@@ -124,7 +124,7 @@ def sink_channel_permutes(gm: torch.fx.GraphModule) -> int:
             node.replace_all_uses_with(node.args[0].args[0])
             graph.erase_node(node)
             removed += 1
-    for node in reversed(list(graph.nodes)):  # permutes left unread
-        if _is_permute(node, TO_NCHW) and not node.users:
+    for node in reversed(list(graph.nodes)):  # permutes left unread (a move given up included)
+        if node.op == "call_function" and node.target is aten.permute.default and not node.users:
             graph.erase_node(node)
     return removed
