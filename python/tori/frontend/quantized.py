@@ -18,8 +18,10 @@ it for the CPU's integer dot-product instructions. These forms escape it:
 - 2-D convolutions: Torch-MLIR fuses a convolution only with per-tensor weights, and
   PT2E quantizes weights per channel; the convolution then ran in float32 on
   dequantized operands. It becomes im2col of the int8 input (padded with the input's
-  zero point, which dequantizes to 0) and one matmul against the int8 weight,
-  reshaped to [O, C*kh*kw], each operand dequantized just before the matmul.
+  zero point, which dequantizes to 0), built channels-last, and one matmul against
+  the int8 weight as [O, kh*kw*C], each operand dequantized just before the matmul;
+  its NCHW result is a permute of the rows, which frontend/channels_last.py moves
+  past the elementwise ops to the next convolution's permute, where both go.
 - a linear layer of one row with constant activation parameters (a classifier at
   batch 1): Torch-MLIR's form folded the row's zero-point correction into the
   data-tiled accumulator, whose dispatch IREE failed to compile ("'iree_linalg_ext.
@@ -36,7 +38,10 @@ it for the CPU's integer dot-product instructions. These forms escape it:
   one becomes im2col per group and one batched int8 matmul; a depthwise one the
   convolution of its integers less their zero points in float32, which holds every
   sum of its products exactly, so that tori's channels-last depthwise kernel runs
-  it. The decomposition leaves both whole for this rewrite.
+  it (of the float32 values' integers directly, where the int8 tensor is made for it
+  alone). The decomposition leaves both whole for this rewrite.
+- static quantization (`quantize_per_tensor` with number parameters): Torch-MLIR's
+  lowering divides by the scale; it becomes eager's formula, times the inverse scale.
 - dynamic activation quantization (scale and zero point computed per call by
   `choose_qparams.tensor`, passed as tensors): Torch-MLIR imports none of these ops
   (IREE failed on `choose_qparams`) and their PyTorch kernels read the tensors with
