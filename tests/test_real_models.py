@@ -16,6 +16,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 import transformers  # noqa: E402
 
+import tori  # noqa: E402
 from tori.testing import assert_matches_eager, assert_same_training_state, count_graphs  # noqa: E402
 
 # Compiled kernels reorder float reductions; outputs are of order 1 (measured errors ~1e-6).
@@ -221,3 +222,35 @@ def test_training_steps_match_eager(setup):
     assert count.compiled_calls >= 2 * len(batches), f"every forward and backward should run compiled: {count.delta}"
     torch.testing.assert_close(losses, expected_losses, **TOLERANCE)
     assert_same_training_state(model, eager, **TOLERANCE)
+
+
+def test_static_cache_decoding_step_compiles_with_the_first_data_tiling_path():
+    """transformers' static-cache decoding step selects its attention bias with the
+    boolean mask, a graph input; IREE fused that `where` into the attention matmul's
+    data-tiled epilogue and failed on the i1 input's encoding ("'linalg.pack' op
+    expected padding_value has 'i8' but got: 'i1'"), and the step was compiled again
+    with IREE's other data-tiling path. tori-materialize-masks computes the bias in a
+    dispatch of its own."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from real_models import llama_config
+
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(llama_config()).eval()
+    prompt = torch.randint(0, 1000, (1, 8), generator=torch.Generator().manual_seed(1))
+    settings = dict(max_new_tokens=3, min_new_tokens=3, do_sample=False, cache_implementation="static",
+                    pad_token_id=0)
+    with torch.no_grad():
+        expected = model.generate(prompt, **settings)
+        eager_forward = model.forward
+        model.forward = torch.compile(eager_forward, backend="tori", options={"fallback": "error", "cache": False})
+        with count_graphs() as count:
+            tokens = model.generate(prompt, **settings)
+        model.forward = eager_forward
+    assert torch.equal(tokens, expected)
+    assert count.compiled_graphs == 2 and count.fallback_graphs == 0, count.delta  # prefill, then each step
+    for record in tori.compile_records()[-2:]:
+        flags = record.graphs[-1].iree_invocation.flags
+        assert "--iree-opt-data-tiling=true" in flags and "--iree-global-opt-data-tiling" not in flags, flags

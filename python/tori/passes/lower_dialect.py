@@ -25,6 +25,7 @@ from tori.dialects.tori import OP_NAMES
 from tori.errors import CompileError
 from tori.passes.depthwise_nhwc import PASS_NAME as DEPTHWISE_PASS
 from tori.passes.int8_weight_matmul import PASS_NAME as INT8_WEIGHT_PASS
+from tori.passes.materialize_masks import PASS_NAME as MASKS_PASS
 from tori.passes.matching import walk
 from tori.passes.registry import register_pass, run_pipeline
 from tori.passes.widen_16_bit import PASS_NAME as WIDEN_PASS
@@ -72,9 +73,10 @@ def lower_for_iree(module: ir.Module, options, *, graph: str = "") -> None:
     depthwise convolutions IREE's channels-last kernel (tori-depthwise-nhwc), matmuls
     against widened int8 weights one contraction (tori-int8-weight-matmul) and 16-bit
     float contractions float32 operands where the CPU has no arithmetic for them
-    (tori-widen-16-bit), whatever the user's pipeline. The last two apply where every
-    target of `options` (tori Options) is a CPU (the contractions may then carry IREE's
-    CPU tiling)."""
+    (tori-widen-16-bit), and float tensors selected by boolean inputs dispatches of
+    their own (tori-materialize-masks), whatever the user's pipeline. The last three
+    apply where every target of `options` (tori Options) is a CPU (the contractions may
+    then carry IREE's CPU tiling and data tiling)."""
     from tori.targets.build import compiled_targets, cpu_only
     from tori.targets.cpu import float16_types_without_arithmetic
 
@@ -83,7 +85,8 @@ def lower_for_iree(module: ir.Module, options, *, graph: str = "") -> None:
         else frozenset()
     int8 = f"{INT8_WEIGHT_PASS}{{cpu={str(only_cpu).lower()}}}"
     widen = f"{WIDEN_PASS}{{bf16={str('bf16' in missing).lower()} f16={str('f16' in missing).lower()}}}"
-    run_pipeline(module, f"{PASS_NAME}, {DEPTHWISE_PASS}, {int8}, {widen}", graph=graph)
+    masks = f"{MASKS_PASS}{{cpu={str(only_cpu).lower()}}}"
+    run_pipeline(module, f"{PASS_NAME}, {DEPTHWISE_PASS}, {int8}, {widen}, {masks}", graph=graph)
     check_lowered(module, graph=graph)
 
 

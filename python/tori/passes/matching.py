@@ -171,6 +171,17 @@ def create(name: str, result_type: TensorType | str, operands: list[ir.Value]) -
     return ir.Operation.create(name, results=[ir.Type.parse(text)], operands=operands)
 
 
+def behind_barrier(value: ir.Value) -> ir.Value:
+    """`value` (a float `!torch.vtensor`) through IREE's `util.optimization_barrier`:
+    IREE neither folds what computed it into its users nor fuses across it. The
+    module's context must allow unregistered dialects (IREE's util)."""
+    type_ = tensor_type(value)
+    builtin = f"tensor<{'x'.join([*('?' if d is None else str(d) for d in type_.shape), type_.dtype])}>"
+    tensor = create("torch_c.to_builtin_tensor", builtin, [value]).result
+    kept = create("util.optimization_barrier", builtin, [tensor]).result
+    return create("torch_c.from_builtin_tensor", type_, [kept]).result
+
+
 # --- erasing ----------------------------------------------------------------
 
 _CONSTANT_LIKE = ("torch.constant.", "torch.vtensor.literal", "torch.prim.ListConstruct")

@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from torch_mlir import ir
 
-from tori.passes.matching import create, int_constant, producer, tensor_type, walk
+from tori.passes.matching import behind_barrier, create, int_constant, producer, tensor_type, walk
 from tori.passes.registry import register_pass
 
 PASS_NAME = "tori-widen-16-bit"
@@ -52,19 +52,10 @@ _CONVERSIONS = ("torch.prims.convert_element_type", "torch.aten.to.dtype", "torc
 _SCALAR_TYPE = {"f32": 6, "bf16": 15, "f16": 5}  # torch's ScalarType numbers
 
 
-def _kept(value: ir.Value) -> ir.Value:
-    """A float32 `value` through IREE's optimization barrier."""
-    wide = tensor_type(value)
-    builtin = f"tensor<{'x'.join('?' if d is None else str(d) for d in wide.shape)}{'x' if wide.shape else ''}f32>"
-    tensor = create("torch_c.to_builtin_tensor", builtin, [value]).result
-    kept = create("util.optimization_barrier", builtin, [tensor]).result
-    return create("torch_c.from_builtin_tensor", wide, [kept]).result
-
-
 def _widened(value: ir.Value, float32: ir.Value) -> ir.Value:
     """`value` converted to float32, through IREE's optimization barrier."""
     narrow = tensor_type(value)
-    return _kept(create("torch.prims.convert_element_type", type(narrow)(narrow.shape, "f32"),
+    return behind_barrier(create("torch.prims.convert_element_type", type(narrow)(narrow.shape, "f32"),
                         [value, float32]).result)
 
 
@@ -90,7 +81,7 @@ def widen_16_bit(op: ir.Operation, pass_: object, *, bf16: bool = False, f16: bo
             for index, value in enumerate(contraction.operands):
                 if _widening_of(value, narrow):
                     with ir.InsertionPoint(contraction), contraction.location:
-                        contraction.operands[index] = _kept(value)
+                        contraction.operands[index] = behind_barrier(value)
             continue
         if result.dtype not in narrow:
             continue
