@@ -73,7 +73,7 @@ import torch.fx
 
 from tori.aot.parameters import dtype_name
 from tori.frontend.channels_last import TO_NCHW, TO_NHWC, sink_channel_permutes
-from tori.frontend.splice import fake_mode_of, splice_traced
+from tori.frontend.splice import fake_mode_of, splice_traced, value_of
 
 log = logging.getLogger("tori.frontend.quantized")
 
@@ -409,7 +409,7 @@ def _requantized(q_input, dequantized, reader) -> tuple | None:
     values, scale, zero, low, high, dtype = q_input.args
     if list(q_input.users) != [dequantized] or list(dequantized.users) != [reader] or dtype != torch.int8 \
             or not isinstance(scale, float) or not isinstance(zero, int) \
-            or getattr(_value(values), "dtype", None) != torch.float32 \
+            or getattr(value_of(values), "dtype", None) != torch.float32 \
             or tuple(dequantized.args[1:6]) != (scale, zero, low, high, dtype):
         return None
     return values, scale, zero, low, high
@@ -513,10 +513,6 @@ def _retype(node: torch.fx.Node, dtype: torch.dtype) -> None:
                 node.meta["tensor_meta"] = _extract_tensor_metadata(node.meta[key])
 
 
-def _value(node):
-    return node.meta.get("val", node.meta.get("example_value"))
-
-
 def _splice(gm: torch.fx.GraphModule, node: torch.fx.Node, fn, args: tuple) -> None:
     """Replace `node` with `fn(*args)` traced to ATen ops on the graph's fake values
     (the nodes among `args` are its tensor inputs)."""
@@ -526,7 +522,7 @@ def _splice(gm: torch.fx.GraphModule, node: torch.fx.Node, fn, args: tuple) -> N
         supplied = iter(tensors)
         return fn(*(next(supplied) if isinstance(a, torch.fx.Node) else a for a in args))
 
-    result = splice_traced(gm.graph, node, call, inputs, fake_mode_of([_value(a) for a in inputs]), decompose=False,
+    result = splice_traced(gm.graph, node, call, inputs, fake_mode_of([value_of(a) for a in inputs]), decompose=False,
                            what=f"the quantized form of {node.target}")
     if isinstance(result, (tuple, list)):  # a tuple result: the node's getitem users take its parts
         for user in list(node.users):
@@ -567,7 +563,7 @@ def _reshaped(node) -> torch.fx.Node:
 
 
 def _static_shape(node) -> list[int] | None:
-    value = _value(node) if isinstance(node, torch.fx.Node) else None
+    value = value_of(node)
     if not isinstance(value, torch.Tensor) or not all(isinstance(d, int) for d in value.shape):
         return None
     return list(value.shape)
@@ -674,7 +670,7 @@ def _dynamic_formulas(gm: torch.fx.GraphModule, qd) -> int:
     rewritten = 0
     for node in list(gm.graph.nodes):
         if node.target is qd.quantize_per_tensor.default and (
-                node.kwargs or getattr(_value(node.args[0]), "dtype", None) != torch.float32):
+                node.kwargs or getattr(value_of(node.args[0]), "dtype", None) != torch.float32):
             continue
         if node.op == "call_function" and node.target in formulas and node.users:
             fn = formulas[node.target]
