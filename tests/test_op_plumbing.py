@@ -84,6 +84,17 @@ def test_new_empty_strided_has_the_size_and_dtype():
     assert tori.last_compile().stages["dynamo"].count(".new_empty_strided(") == 2
 
 
+def test_block_diagonal_of_dynamic_shapes_runs():
+    # block_diag pads each block with (n, 0) zeros: PyTorch's strides for them, (1, 1),
+    # differ from Torch-MLIR's default (0, 1), and with n symbolic its lowering compiled
+    # the comparison into a check that failed on every call ("not all strides are default").
+    def fn(x, w):
+        return torch.block_diag(w, w) @ x, torch.cat([x, x.new_zeros(x.shape[0], 0)], 1) * 2
+
+    assert_matches_eager(fn, torch.randn(6, 4), torch.randn(3, 3), dynamic=True)
+    assert "torch.SymInt" in tori.last_compile().dynamo_code  # the shapes stayed symbolic
+
+
 def test_empty_tensors_compile():
     # iree-compile crashed (SIGFPE) on each of these; the empty values are now literals, folded away.
     def ops(a, b, c, d, e, f, g):
