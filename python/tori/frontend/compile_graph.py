@@ -19,6 +19,7 @@ from tori.errors import CompileError
 from tori.frontend.complex_values import rewrite_complex
 from tori.frontend.importer import import_graph, new_importer, to_bytecode
 from tori.frontend.quantized import rewrite_quantized
+from tori.frontend.shared_heads import share_repeated_heads
 from tori.frontend.resident import make_resident, resident_args, unused_args, with_resident
 from tori.frontend.records import GraphRecord
 from tori.frontend.repro import write_repro
@@ -45,6 +46,7 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
     start = time.perf_counter()
     inspecting = options.dump_dir is not None or options.report is not None
     rewrite_quantized(gm)
+    share_repeated_heads(gm)
     record.stages[Stage.ATEN] = gm.code
     if inspecting:
         record.guards = current_guards()
