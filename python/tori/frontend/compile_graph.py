@@ -20,6 +20,7 @@ from tori.frontend.complex_values import rewrite_complex
 from tori.frontend.importer import import_graph, new_importer, to_bytecode
 from tori.frontend.quantized import rewrite_quantized
 from tori.frontend.shared_heads import share_repeated_heads
+from tori.frontend.signature import in_place_updates, with_updates
 from tori.frontend.resident import make_resident, resident_args, unused_args, with_resident
 from tori.frontend.records import GraphRecord
 from tori.frontend.repro import write_repro
@@ -66,6 +67,7 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
                 signature = with_resident(signature, resident, unused)
             else:
                 module, signature = import_graph(gm, graph_name=record.name)
+        signature = with_updates(signature, in_place_updates(gm))
         record.stages[Stage.TORCH] = str(module)
         if options.tori_pipeline:
             with stage(record.name, "tori passes"):

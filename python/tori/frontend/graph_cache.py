@@ -200,7 +200,7 @@ def _signature_to_json(signature: GraphSignature) -> dict | None:
     for result in signature.results:
         if type(result.value) not in _SIMPLE:
             return None
-        results.append({"index": result.index, "value": result.value,
+        results.append({"index": result.index, "value": result.value, "updates": result.updates,
                         "dtype": str(result.dtype).removeprefix("torch.") if result.dtype is not None else None})
     return {"args": [kind.value for kind in signature.args], "results": results,
             "num_iree_results": signature.num_iree_results}
@@ -212,6 +212,8 @@ def _signature_from_json(encoded: dict) -> GraphSignature:
         dtype = result["dtype"]
         if dtype is not None and not isinstance(getattr(torch, dtype, None), torch.dtype):
             raise ValueError(f"unknown dtype {dtype!r}")
-        results.append(Result(result["index"], result["value"], getattr(torch, dtype) if dtype else None))
+        updates = result.get("updates")
+        results.append(Result(result["index"], result["value"], getattr(torch, dtype) if dtype else None,
+                              int(updates) if updates is not None else None))
     return GraphSignature(tuple(ArgKind(kind) for kind in encoded["args"]), tuple(results),
                           int(encoded["num_iree_results"]))

@@ -87,6 +87,8 @@ class CompiledGraph:
         seed_device = torch.device("cuda", device_index or 0) if target in _DL_DEVICE else torch.device("cpu")
         self._seed = SeedSource(seed_device) if ArgKind.SEED in signature.args else None
         self._results = tuple((r.index, r.value, r.dtype) for r in signature.results)
+        # Per result: the UPDATED_TENSOR argument it is the new value of (None for the others).
+        self._updates = tuple(r.updates for r in signature.results)
         self._num_results = signature.num_iree_results
         self._vmfb = vmfb
         # Resident weights (frontend/resident.py): the modules are loaded with the tensors
@@ -248,10 +250,13 @@ class CompiledGraph:
         # argument's buffer for a result that folds to it (a clone, a reshape),
         # and one buffer for equal results: such a result must be copied out.
         taken = set()
+        in_place = {}  # UPDATED_TENSOR arguments imported in place: index -> address
         for i, (kind, value) in enumerate(zip(self._arg_kinds, args)):
-            if kind is ArgKind.TENSOR or kind is ArgKind.WRITTEN_TENSOR:
+            if kind is ArgKind.TENSOR or kind is ArgKind.WRITTEN_TENSOR or kind is ArgKind.UPDATED_TENSOR:
                 value, address = _importable(value.clone() if kind is ArgKind.WRITTEN_TENSOR else value)
                 taken.add(address)
+                if kind is ArgKind.UPDATED_TENSOR and address == args[i].data_ptr():
+                    in_place[i] = address
                 packed.push_ref(import_tensor(to_dlpack(value)))
             elif kind is ArgKind.STATIC_TENSOR:
                 buffer, address = self._static_buffer(i, value, module.device)
@@ -266,7 +271,7 @@ class CompiledGraph:
         results = self._invoke(module, packed)
         export_tensor = module.device.create_dlpack_capsule
         outputs = []
-        for index, value, dtype in self._results:
+        for (index, value, dtype), updates in zip(self._results, self._updates):
             if index is None:
                 outputs.append(value)
             elif dtype is None:
@@ -274,7 +279,12 @@ class CompiledGraph:
             else:
                 tensor = torch.from_dlpack(export_tensor(results.get_as_object(index, rt.HalBufferView), *self._dl_device))
                 address = tensor.data_ptr()
-                if address in taken:
+                if updates is not None and in_place.get(updates) == address and args[updates].dtype == dtype:
+                    # IREE wrote the new value into the argument: hand back the argument itself,
+                    # which AOTAutograd's copy back then skips.
+                    tensor = args[updates]
+                    in_place.pop(updates)
+                elif address in taken:
                     tensor = tensor.clone()
                 else:
                     taken.add(address)
@@ -287,7 +297,7 @@ class CompiledGraph:
         device = module.device
         packed = rt.VmVariantList(len(args))
         for i, (kind, value) in enumerate(zip(self._arg_kinds, args)):
-            if kind is ArgKind.TENSOR or kind is ArgKind.WRITTEN_TENSOR:
+            if kind is ArgKind.TENSOR or kind is ArgKind.WRITTEN_TENSOR or kind is ArgKind.UPDATED_TENSOR:
                 packed.push_ref(transfer.upload(device, value))
             elif kind is ArgKind.STATIC_TENSOR:
                 # Parameters are copied to the device once, again only when they change.

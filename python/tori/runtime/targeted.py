@@ -33,7 +33,7 @@ class TargetedGraph:
         self.signature = signature
         self._drivers = drivers
         self._static_args = static_args
-        tensors = (ArgKind.TENSOR, ArgKind.WRITTEN_TENSOR)
+        tensors = (ArgKind.TENSOR, ArgKind.WRITTEN_TENSOR, ArgKind.UPDATED_TENSOR)
         self._first_tensor = next((i for i, k in enumerate(signature.args) if k in tensors), None)
         self._graphs: dict[tuple[str, int | None], CompiledGraph] = {}
         self._lock = threading.Lock()
