@@ -89,8 +89,16 @@ def measure_one(name: str, batch: int, seconds: float, tori_options: dict, induc
             "speedup_vs_inductor": medians["inductor"] / medians["tori"] if inductor else None}
 
 
-def measure_decode(seconds: float, tori_options: dict, inductor: bool, new_tokens: int = 32) -> dict:
-    """transformers' generate() with a static KV cache and the forward compiled: ms per token."""
+# Static-cache decoding rows: the cache generate() sizes to the prompt and new tokens
+# (48 positions), and a 2048-position cache, as a chat application holds one: each step
+# attends over every cached position and writes one row of every layer's cache.
+DECODE_ROWS = {"llama_decode": None, "llama_decode_2k": 2048}
+
+
+def measure_decode(seconds: float, tori_options: dict, inductor: bool, new_tokens: int = 32,
+                   cache_length: int | None = None, name: str = "llama_decode") -> dict:
+    """transformers' generate() with a static KV cache and the forward compiled: ms per
+    token; `cache_length` positions in the cache (None: as many as generate() needs)."""
     import torch
     import transformers
 
@@ -101,8 +109,16 @@ def measure_decode(seconds: float, tori_options: dict, inductor: bool, new_token
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(llama_config()).eval()
     prompt = torch.randint(0, 1000, (1, 16), generator=torch.Generator().manual_seed(1))
-    settings = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                    cache_implementation="static", pad_token_id=0)
+    settings = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+    if cache_length is None:
+        settings["cache_implementation"] = "static"
+
+    def generate():
+        if cache_length is None:
+            return model.generate(prompt, **settings)
+        cache = transformers.StaticCache(config=model.config, max_cache_len=cache_length)
+        return model.generate(prompt, past_key_values=cache, **settings)
+
     eager_forward = model.forward
     backends = {"eager": None, **({"inductor": {}} if inductor else {}),
                 "tori": {"backend": "tori", "options": {"fallback": "error", **tori_options}}}
@@ -111,13 +127,13 @@ def measure_decode(seconds: float, tori_options: dict, inductor: bool, new_token
         torch._dynamo.reset()
         model.forward = eager_forward if compile_args is None else torch.compile(eager_forward, **compile_args)
         start = time.perf_counter()
-        tokens[config] = model.generate(prompt, **settings)
+        tokens[config] = generate()
         first_s[config] = time.perf_counter() - start
         runs = []
         end = time.perf_counter() + seconds
         while time.perf_counter() < end or len(runs) < 3:
             start = time.perf_counter()
-            model.generate(prompt, **settings)
+            generate()
             runs.append((time.perf_counter() - start) / new_tokens * 1e3)
         per_token[config] = statistics.median(runs)
     model.forward = eager_forward
@@ -129,7 +145,8 @@ def measure_decode(seconds: float, tori_options: dict, inductor: bool, new_token
     from tori.tools.profile import memory_read_gbps
 
     memory = memory_read_gbps()
-    return {"model": "llama_decode", "batch": 1, "median_ms": per_token, "first_call_s": first_s,
+    return {"model": name, "batch": 1, "cache_length": cache_length or prompt.shape[1] + new_tokens,
+            "median_ms": per_token, "first_call_s": first_s,
             "tokens_identical": identical, "weights_mb": weights / 1e6,
             "gb_per_s_tori": weights / (per_token["tori"] * 1e-3) / 1e9, "memory_read_gb_per_s": memory,
             "memory_fraction_tori": weights / (per_token["tori"] * 1e-3) / 1e9 / memory,
@@ -156,7 +173,7 @@ def geomean(values: list[float]) -> float | None:
 
 
 def summarize(results: list[dict]) -> dict:
-    inference = [r for r in results if "error" not in r and r["model"] != "llama_decode"]
+    inference = [r for r in results if "error" not in r and r["model"] not in DECODE_ROWS]
     eager = [r["speedup_vs_eager"] for r in inference]
     inductor = [r["speedup_vs_inductor"] for r in inference if r.get("speedup_vs_inductor")]
     worst = min(inference, key=lambda r: r["speedup_vs_eager"], default=None)
@@ -183,7 +200,7 @@ def main() -> int:
     from real_models import REAL_MODELS
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default=",".join([*REAL_MODELS, "llama_decode"]))
+    parser.add_argument("--models", default=",".join([*REAL_MODELS, *DECODE_ROWS]))
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--seconds", type=float, default=4.0, help="timed seconds per configuration")
     parser.add_argument("--tori-options", default="{}", help="tori options as JSON, e.g. '{\"codegen\": \"none\"}'")
@@ -195,8 +212,9 @@ def main() -> int:
     tori_options = json.loads(args.tori_options)
     batches = [int(b) for b in args.batches.split(",")]
     if args.one:
-        if args.one == "llama_decode":
-            print(json.dumps(measure_decode(args.seconds, tori_options, not args.no_inductor)))
+        if args.one in DECODE_ROWS:
+            print(json.dumps(measure_decode(args.seconds, tori_options, not args.no_inductor,
+                                            cache_length=DECODE_ROWS[args.one], name=args.one)))
         else:
             print(json.dumps(measure_one(args.one, batches[0], args.seconds, tori_options, not args.no_inductor)))
         return 0
@@ -205,7 +223,7 @@ def main() -> int:
           f"{'1st s':>7} {'ind 1st':>7}", flush=True)
     results = []
     for name in args.models.split(","):
-        for batch in ([1] if name == "llama_decode" else batches):
+        for batch in ([1] if name in DECODE_ROWS else batches):
             results.append(_child(name, batch, args))
             print(_row(results[-1]), flush=True)
     summary = summarize(results)
