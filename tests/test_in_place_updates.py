@@ -3,6 +3,7 @@ IREE in place: it writes the new rows into the caller's tensor, which is handed 
 to AOTAutograd as the new value, so no copy of it is made per call. Compared with
 eager over several calls, the caller's tensors included."""
 
+import pytest
 import torch
 
 import tori
@@ -77,3 +78,17 @@ def test_an_accumulating_update_is_passed_as_a_copy():
         torch.testing.assert_close(compiled(counts, index, amounts), step(expected_counts, index, amounts))
         torch.testing.assert_close(counts, expected_counts)
     assert ArgKind.UPDATED_TENSOR not in _kinds()
+
+
+def test_a_position_outside_the_cache_raises_and_leaves_it_as_it_was():
+    caches = [torch.zeros(2, 16, 8), torch.zeros(2, 16, 8)]
+    compiled = torch.compile(_step, backend="tori", options={"fallback": "error", "cache": False})
+    _run(compiled, caches, 3)
+    assert _kinds().count(ArgKind.UPDATED_TENSOR) == 2
+    before = [c.clone() for c in caches]
+    k, v, q = torch.randn(2, 1, 8), torch.randn(2, 1, 8), torch.randn(2, 1, 8)
+    for position in (16, 40):
+        with pytest.raises(IndexError, match="index out of range in index_copy"):
+            compiled(*caches, torch.tensor([position]), k, v, q)
+        for cache, old in zip(caches, before):
+            assert torch.equal(cache, old)
