@@ -139,7 +139,9 @@ def _rewrite(graph: torch.fx.Graph, bmm: torch.fx.Node) -> bool:
     left, right = _batched(lhs, bmm), _batched(rhs, bmm)
     if left is None or right is None:
         return False
-    (a, (b, heads, rows, inner)), (r, (_, _, _, cols)) = left, right
+    (a, (b, heads, rows, inner)), (r, (images, repeated_heads, _, cols)) = left, right
+    if (images, repeated_heads) != (b, heads):  # the same batch split into images and heads on both sides
+        return False
     shared = _shared(graph, r, rhs.args[0])
     if shared is None:
         return False
