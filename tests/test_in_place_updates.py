@@ -38,9 +38,23 @@ def test_a_static_cache_is_updated_in_place_and_matches_eager():
     addresses = [c.data_ptr() for c in caches]
     compiled = torch.compile(_step, backend="tori", options={"fallback": "error", "cache": False})
     with tori.testing.count_graphs() as count:
-        actual = _run(compiled, caches, 5)
+        actual = _run(compiled, caches[:], 1)
+        # the next five calls (the first again, then four): the new caches handed back are
+        # the caller's tensors themselves
+        graph = tori.last_compile().forward.compiled
+        handed_back, run = [], graph._run
+
+        def recording(module, args):
+            outputs = run(module, args)
+            handed_back.extend(outputs[position] is args[r.updates]
+                               for position, r in enumerate(graph.signature.results) if r.updates is not None)
+            return outputs
+
+        graph._run = recording
+        actual += _run(compiled, caches, 5)[1:]
     assert count.compiled_graphs == 1 and count.delta.fallback_calls == 0
     assert _kinds().count(ArgKind.UPDATED_TENSOR) == 2
+    assert handed_back == [True] * 10
     for a, e in zip(actual, expected):
         torch.testing.assert_close(a, e)
     for a, e in zip(caches, expected_caches):
