@@ -73,7 +73,7 @@ import torch.fx
 
 from tori.aot.parameters import dtype_name
 from tori.frontend.channels_last import TO_NCHW, TO_NHWC, sink_channel_permutes
-from tori.frontend.splice import fake_mode_of, splice_traced, value_of
+from tori.frontend.splice import fake_mode_of, is_call, splice_traced, static_shape, value_of
 
 log = logging.getLogger("tori.frontend.quantized")
 
@@ -89,22 +89,18 @@ def _ops():
         return None
 
 
-def _is(node, target) -> bool:
-    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is target
-
-
 def _signed_activations(gm: torch.fx.GraphModule, qd) -> int:
     """uint8 per-tensor quantize -> dequantize pairs with constant scale and zero point
     made int8, when every user of the quantized tensor is such a dequantize."""
     rewritten = 0
     for node in list(gm.graph.nodes):
-        if not _is(node, qd.quantize_per_tensor.default) or len(node.args) != 6 or node.kwargs:
+        if not is_call(node, qd.quantize_per_tensor.default) or len(node.args) != 6 or node.kwargs:
             continue
         _, scale, zero, low, high, dtype = node.args
         if dtype != torch.uint8 or (low, high) != (0, 255) or not isinstance(scale, float) or not isinstance(zero, int):
             continue
         users = list(node.users)
-        if not users or not all(_is(u, qd.dequantize_per_tensor.default) and tuple(u.args[1:6]) == tuple(node.args[1:6])
+        if not users or not all(is_call(u, qd.dequantize_per_tensor.default) and tuple(u.args[1:6]) == tuple(node.args[1:6])
                                 and not u.kwargs for u in users):
             continue
         signed = (zero - 128, -128, 127, torch.int8)
@@ -324,11 +320,11 @@ def _pair(value, default: int) -> tuple[int, int] | None:
 def _conv_args(node: torch.fx.Node):
     """(input, weight, bias, stride, padding, dilation, groups) of a 2-D, not transposed
     convolution node, else None."""
-    if _is(node, aten.conv2d.default):
+    if is_call(node, aten.conv2d.default):
         names = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
         values = dict(zip(names, node.args))
         values.update(node.kwargs)
-    elif _is(node, aten.convolution.default) and len(node.args) == 9 and not node.kwargs:
+    elif is_call(node, aten.convolution.default) and len(node.args) == 9 and not node.kwargs:
         x, w, b, stride, padding, dilation, transposed, _, groups = node.args
         if transposed:
             return None
@@ -355,12 +351,12 @@ def qd_op(name: str, overload: str = "default"):
 def _int8_weight(w) -> tuple | None:
     """(q_weight, scale, zero point, low, high, per_channel) of a float32 dequantize of an
     int8 tensor, per tensor or per channel along dim 0; else None."""
-    if _is(w, qd_op("dequantize_per_channel")) and len(w.args) >= 7 and not w.kwargs:
+    if is_call(w, qd_op("dequantize_per_channel")) and len(w.args) >= 7 and not w.kwargs:
         q_weight, scale, zero, axis, low, high, dtype = w.args[:7]
         out_dtype, per_channel = w.args[7] if len(w.args) > 7 else None, True
         if axis != 0:
             return None
-    elif _is(w, qd_op("dequantize_per_tensor")) and len(w.args) >= 6 and not w.kwargs:
+    elif is_call(w, qd_op("dequantize_per_tensor")) and len(w.args) >= 6 and not w.kwargs:
         q_weight, scale, zero, low, high, dtype = w.args[:6]
         out_dtype, per_channel = w.args[6] if len(w.args) > 6 else None, False
     else:
@@ -373,7 +369,7 @@ def _int8_weight(w) -> tuple | None:
 def _dynamic_input(x) -> tuple | None:
     """(q_input, scale, zero point, dtype) of a float32 dequantize of an activation
     quantized per call (scale and zero point tensors) to int8 or uint8's whole range."""
-    if not _is(x, qd_op("dequantize_per_tensor", "tensor")) or len(x.args) != 6 or x.kwargs.get("out_dtype") not in (
+    if not is_call(x, qd_op("dequantize_per_tensor", "tensor")) or len(x.args) != 6 or x.kwargs.get("out_dtype") not in (
             None, torch.float32):
         return None
     q_input, scale, zero, low, high, dtype = x.args
@@ -392,7 +388,7 @@ def _quantized_input(x) -> tuple | None:
     dynamic = _dynamic_input(x)
     if dynamic is not None:
         return dynamic
-    if not _is(x, qd_op("dequantize_per_tensor")) or len(x.args) != 6 or x.kwargs:
+    if not is_call(x, qd_op("dequantize_per_tensor")) or len(x.args) != 6 or x.kwargs:
         return None
     q_input, scale, zero, low, high, dtype = x.args
     if (low, high) != _FULL_RANGE.get(dtype) or not isinstance(scale, float) or not isinstance(zero, int):
@@ -404,7 +400,7 @@ def _requantized(q_input, dequantized, reader) -> tuple | None:
     """(values, scale, zero point, low, high) of a float32 tensor quantized per tensor
     with constant parameters into `q_input`, when only `dequantized` reads that and only
     `reader` reads `dequantized`; else None."""
-    if not _is(q_input, qd_op("quantize_per_tensor")) or len(q_input.args) != 6 or q_input.kwargs:
+    if not is_call(q_input, qd_op("quantize_per_tensor")) or len(q_input.args) != 6 or q_input.kwargs:
         return None
     values, scale, zero, low, high, dtype = q_input.args
     if list(q_input.users) != [dequantized] or list(dequantized.users) != [reader] or dtype != torch.int8 \
@@ -421,7 +417,7 @@ def grouped_form(x, weight, groups: int) -> tuple | None:
     found, int8_weight = _quantized_input(x), _int8_weight(weight)
     if groups == 1 or found is None or int8_weight is None or _rank(found[0]) != 4:
         return None
-    shape = _static_shape(int8_weight[0])
+    shape = static_shape(int8_weight[0])
     if shape is None or len(shape) != 4 or shape[0] % groups:
         return None
     outputs, per_group, kh, kw = shape
@@ -489,7 +485,7 @@ def _integer_convolutions(gm: torch.fx.GraphModule, qd) -> int:
             _splice(gm, node, dynamic_int8_conv2d, (*dynamic, q_weight, w_scale, w_zero, *geometry))
             rewritten += 1
             continue
-        if not _is(x, qd.dequantize_per_tensor.default) or len(x.args) != 6 or x.kwargs:
+        if not is_call(x, qd.dequantize_per_tensor.default) or len(x.args) != 6 or x.kwargs:
             continue
         q_input, scale, zero, low, high, dtype = x.args
         if dtype != torch.int8 or not isinstance(scale, float) or not isinstance(zero, int) or _rank(q_input) != 4:
@@ -557,16 +553,9 @@ _RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default,
 
 def _reshaped(node) -> torch.fx.Node:
     """The tensor that `node` views, reshapes or expands (through a chain of them)."""
-    while any(_is(node, op) for op in _RESHAPES):
+    while any(is_call(node, op) for op in _RESHAPES):
         node = node.args[0]
     return node
-
-
-def _static_shape(node) -> list[int] | None:
-    value = value_of(node)
-    if not isinstance(value, torch.Tensor) or not all(isinstance(d, int) for d in value.shape):
-        return None
-    return list(value.shape)
 
 
 def dynamic_int8_linear_as(q_input, input_scale, input_zero, input_dtype, q_weight, weight_scale, weight_zero,
@@ -601,25 +590,25 @@ def _linears(gm: torch.fx.GraphModule, qd) -> int:
     matmul (a reshape between them left it float32)."""
     rewritten = 0
     for node in list(gm.graph.nodes):
-        if not (_is(node, aten.mm.default) or _is(node, aten.bmm.default)):
+        if not (is_call(node, aten.mm.default) or is_call(node, aten.bmm.default)):
             continue
         x, transposed = node.args
         source = _reshaped(x)
         found = _quantized_input(source)
         transposed = _reshaped(transposed)
-        if found is None or not _is(transposed, aten.permute.default) or list(transposed.args[1]) != [1, 0]:
+        if found is None or not is_call(transposed, aten.permute.default) or list(transposed.args[1]) != [1, 0]:
             continue
         weight = _int8_weight(transposed.args[0])
         if weight is None or _rank(weight[0]) != 2:
             continue
         q_input, scale, zero, dtype = found
         dynamic = isinstance(scale, torch.fx.Node)
-        if source is x and _rank(x) == 2 and _is(node, aten.mm.default):
-            if dynamic or (_static_shape(x) or [0])[0] == 1:  # sizes may be symbolic
+        if source is x and _rank(x) == 2 and is_call(node, aten.mm.default):
+            if dynamic or (static_shape(x) or [0])[0] == 1:  # sizes may be symbolic
                 _splice(gm, node, int8_linear, (*found, *weight[:3]))
                 rewritten += 1
             continue  # constant parameters: Torch-MLIR's integer matmul as it stands
-        x_shape, rows_shape, shape = _static_shape(source), _static_shape(x), _static_shape(node)
+        x_shape, rows_shape, shape = static_shape(source), static_shape(x), static_shape(node)
         if None in (x_shape, rows_shape, shape) or math.prod(x_shape) != math.prod(rows_shape):
             continue  # symbolic sizes, or an expand that broadcasts x
         if dynamic:

@@ -31,23 +31,12 @@ import logging
 import torch
 import torch.fx
 
-from tori.frontend.splice import add_node, value_of
+from tori.frontend.splice import add_node, is_call, static_shape, value_of
 
 aten = torch.ops.aten
 log = logging.getLogger("tori.frontend.shared_heads")
 
 _LAST_TWO = [0, 1, 3, 2]
-
-
-def _is(node, target) -> bool:
-    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is target
-
-
-def _shape(node) -> list[int] | None:
-    value = value_of(node)
-    if not isinstance(value, torch.Tensor) or not all(isinstance(n, int) for n in value.shape):
-        return None
-    return list(value.shape)
 
 
 def _only_user(node, user) -> bool:
@@ -56,16 +45,16 @@ def _only_user(node, user) -> bool:
 
 def _repeat(node) -> tuple[torch.fx.Node, int] | None:
     """(Y, g) where `node` is view(clone(expand(unsqueeze(Y, 2), [B, H, g, S, D])), [B, H*g, S, D])."""
-    if not _is(node, aten.view.default) and not _is(node, aten._unsafe_view.default):
+    if not is_call(node, aten.view.default) and not is_call(node, aten._unsafe_view.default):
         return None
     copy = node.args[0]
-    expand = copy.args[0] if _is(copy, aten.clone.default) and _only_user(copy, node) else copy
-    if not _is(expand, aten.expand.default) or not _only_user(expand, copy):
+    expand = copy.args[0] if is_call(copy, aten.clone.default) and _only_user(copy, node) else copy
+    if not is_call(expand, aten.expand.default) or not _only_user(expand, copy):
         return None
     unsqueeze = expand.args[0]
-    if not _is(unsqueeze, aten.unsqueeze.default) or unsqueeze.args[1] != 2 or not _only_user(unsqueeze, expand):
+    if not is_call(unsqueeze, aten.unsqueeze.default) or unsqueeze.args[1] != 2 or not _only_user(unsqueeze, expand):
         return None
-    source, expanded, result = _shape(unsqueeze.args[0]), _shape(expand), _shape(node)
+    source, expanded, result = static_shape(unsqueeze.args[0]), static_shape(expand), static_shape(node)
     if source is None or expanded is None or result is None or len(source) != 4:
         return None
     b, h, s, d = source
@@ -76,9 +65,9 @@ def _repeat(node) -> tuple[torch.fx.Node, int] | None:
 
 
 def _swaps_last_two(node) -> bool:
-    if _is(node, aten.permute.default):
+    if is_call(node, aten.permute.default):
         return list(node.args[1]) == _LAST_TWO
-    return _is(node, aten.transpose.int) and sorted(d % 4 for d in node.args[1:3]) == [2, 3]
+    return is_call(node, aten.transpose.int) and sorted(d % 4 for d in node.args[1:3]) == [2, 3]
 
 
 def _shared(graph: torch.fx.Graph, node, user) -> tuple[torch.fx.Node, int, float] | None:
@@ -96,7 +85,7 @@ def _shared(graph: torch.fx.Graph, node, user) -> tuple[torch.fx.Node, int, floa
             return None
         with graph.inserting_before(node):
             return add_node(graph, aten.permute.default, (inner[0], _LAST_TWO), {}, node), inner[1], inner[2]
-    if (_is(node, aten.mul.Scalar) or _is(node, aten.mul.Tensor)) and isinstance(node.args[1], (int, float)):
+    if (is_call(node, aten.mul.Scalar) or is_call(node, aten.mul.Tensor)) and isinstance(node.args[1], (int, float)):
         inner = _shared(graph, node.args[0], node)
         return None if inner is None else (inner[0], inner[1], inner[2] * node.args[1])
     return None
@@ -104,13 +93,13 @@ def _shared(graph: torch.fx.Graph, node, user) -> tuple[torch.fx.Node, int, floa
 
 def _batched(node, user) -> tuple[torch.fx.Node, list[int]] | None:
     """(X, shape of X) where `node`, read only by `user`, is view(expand(X, shape of X), [B*H, m, n])."""
-    if not _is(node, aten.view.default) or not _only_user(node, user):
+    if not is_call(node, aten.view.default) or not _only_user(node, user):
         return None
     expand = node.args[0]
-    if not _is(expand, aten.expand.default) or not _only_user(expand, node):
+    if not is_call(expand, aten.expand.default) or not _only_user(expand, node):
         return None
-    shape, result = _shape(expand.args[0]), _shape(node)
-    if shape is None or result is None or len(shape) != 4 or _shape(expand) != shape \
+    shape, result = static_shape(expand.args[0]), static_shape(node)
+    if shape is None or result is None or len(shape) != 4 or static_shape(expand) != shape \
             or result != [shape[0] * shape[1], shape[2], shape[3]]:
         return None
     return expand.args[0], shape
@@ -127,7 +116,7 @@ def _flat_transposed(graph: torch.fx.Graph, node, shape: list[int], like) -> tor
     """`node` viewed as `shape`: where it is a transpose of the last two dims of a
     contiguous tensor, that tensor viewed and transposed (no copy: the matmul reads it
     transposed)."""
-    if _is(node, aten.permute.default) and list(node.args[1]) == _LAST_TWO \
+    if is_call(node, aten.permute.default) and list(node.args[1]) == _LAST_TWO \
             and value_of(node.args[0]).is_contiguous():
         rows = add_node(graph, aten.view.default, (node.args[0], [shape[0], shape[2], shape[1]]), {}, like)
         return add_node(graph, aten.permute.default, (rows, [0, 2, 1]), {}, like)
@@ -162,7 +151,7 @@ def share_repeated_heads(gm: torch.fx.GraphModule) -> int:
     """Rewrite the batched matmuls that read repeated key/value heads (above); the
     number rewritten."""
     graph = gm.graph
-    rewritten = sum(_rewrite(graph, node) for node in list(graph.nodes) if _is(node, aten.bmm.default))
+    rewritten = sum(_rewrite(graph, node) for node in list(graph.nodes) if is_call(node, aten.bmm.default))
     if rewritten:
         for node in reversed(list(graph.nodes)):  # the replaced matmuls and the repeats behind them
             if node.op == "call_function" and not node.users and not node.is_impure():

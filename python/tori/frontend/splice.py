@@ -24,6 +24,19 @@ def value_of(node: Any) -> Any:
     return node.meta.get("val", node.meta.get("example_value")) if isinstance(node, torch.fx.Node) else node
 
 
+def is_call(node: Any, target) -> bool:
+    """Whether `node` is a call of `target` in an FX graph."""
+    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is target
+
+
+def static_shape(node: Any) -> list[int] | None:
+    """The shape of `node`'s tensor value, where every extent is a number."""
+    value = value_of(node)
+    if not isinstance(value, torch.Tensor) or not all(isinstance(d, int) for d in value.shape):
+        return None
+    return list(value.shape)
+
+
 def splice_traced(graph: torch.fx.Graph, node: torch.fx.Node, fn: Callable, sources: list[torch.fx.Node],
                   fake_mode, *, decompose: bool = True, what: str = "") -> Any:
     """fn(*values of `sources`) traced under `fake_mode` (with tori's decompositions

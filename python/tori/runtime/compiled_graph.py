@@ -86,9 +86,8 @@ class CompiledGraph:
         # Random ops take a seed drawn per call, an argument after the caller's.
         seed_device = torch.device("cuda", device_index or 0) if target in _DL_DEVICE else torch.device("cpu")
         self._seed = SeedSource(seed_device) if ArgKind.SEED in signature.args else None
-        self._results = tuple((r.index, r.value, r.dtype) for r in signature.results)
-        # Per result: the UPDATED_TENSOR argument it is the new value of (None for the others).
-        self._updates = tuple(r.updates for r in signature.results)
+        # Per result: IREE's index, the constant, the dtype, the UPDATED_TENSOR argument it is the new value of.
+        self._results = tuple((r.index, r.value, r.dtype, r.updates) for r in signature.results)
         self._num_results = signature.num_iree_results
         self._vmfb = vmfb
         # Resident weights (frontend/resident.py): the modules are loaded with the tensors
@@ -271,7 +270,7 @@ class CompiledGraph:
         results = self._invoke(module, packed)
         export_tensor = module.device.create_dlpack_capsule
         outputs = []
-        for (index, value, dtype), updates in zip(self._results, self._updates):
+        for index, value, dtype, updates in self._results:
             if index is None:
                 outputs.append(value)
             elif dtype is None:
@@ -314,7 +313,7 @@ class CompiledGraph:
             packed.push_ref(transfer.upload(device, self._seed.draw()))
         results = self._invoke(module, packed)
         outputs = []
-        for index, value, dtype in self._results:
+        for index, value, dtype, _ in self._results:
             if index is None:
                 outputs.append(value)
             elif dtype is None:
