@@ -121,16 +121,16 @@ def content_hash(ir: str | bytes, flags: Iterable[str], details: Mapping | None 
     return digest.hexdigest()
 
 
-def compile_key(tori_ir: str, options: Options, codegen=None) -> str:
+def compile_key(tori_ir: str, options: Options, codegen=None, extra: tuple[str, ...] = ()) -> str:
     """The key of one graph's modules: the IR after tori's passes, and per compiled
-    target every iree-compile flag (the code generation strategy's `codegen` included)
-    and, for a CPU compiled for `host`, the actual CPU."""
+    target every iree-compile flag (the code generation strategy's `codegen` included,
+    and `extra`, the main target's own) and, for a CPU compiled for `host`, the actual CPU."""
     from tori.targets.build import compiled_targets, invocation
 
     flags: list[str] = []
     details: dict = {}
-    for target in compiled_targets(options):
-        flags += [f"target={target.value}", *invocation(options, target, codegen=codegen).flags]
+    for i, target in enumerate(compiled_targets(options)):
+        flags += [f"target={target.value}", *invocation(options, target, extra if i == 0 else (), codegen).flags]
         if target is Target.CPU and options.cpu == "host":
             details["host_cpu"] = host_cpu()
     return content_hash(tori_ir, flags, details)

@@ -31,7 +31,7 @@ from tori.runtime.compiled_graph import CompiledGraph
 from tori.runtime.targeted import runtime_graph
 from tori.stages import Stage
 from tori.targets import codegen
-from tori.targets.build import OtherTargets, compile_with_strategy, compiled_targets
+from tori.targets.build import OtherTargets, compile_with_strategy, compiled_targets, in_process_flags
 from tori.targets.build import invocation as build_invocation
 from tori.tools.dump import after_compile, current_guards, iree_dump_flags
 
@@ -79,9 +79,11 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
         # IREE's phase dumps come from compiling, so asking for them bypasses the cache.
         cache = None if options.dump_iree_phases else compile_cache(options)
         record.codegen = codegen.choose(gm, options, compiled_targets(options))
-        key = compile_key(record.stages[Stage.TORI], options, record.codegen) if cache is not None else None
+        key = compile_key(record.stages[Stage.TORI], options, record.codegen, in_process_flags(options)) \
+            if cache is not None else None
         record.modules_key = key
-        invocation = build_invocation(options, options.target, iree_dump_flags(record, options), record.codegen)
+        invocation = build_invocation(options, options.target, in_process_flags(options) + iree_dump_flags(record, options),
+                                      record.codegen)
         record.stages[Stage.IREE] = invocation.shell_command(f"{record.name}.mlirbc", f"{record.name}.vmfb")
         with cache.single_flight(key, options.cache_wait_s) if cache is not None else nullcontext() as vmfbs:
             if vmfbs is not None:
@@ -130,7 +132,8 @@ def _compile_main_target(bytecode: bytes, options: Options, record: GraphRecord)
     flags fail, IREE's other data-tiling path, then its defaults); the strategy used
     and its command are recorded. Returns the vmfb and the invocation that made it."""
     vmfb, used, record.codegen = compile_with_strategy(bytecode, options, options.target, record.codegen,
-                                                       graph=record.name, extra=iree_dump_flags(record, options))
+                                                       graph=record.name,
+                                                       extra=in_process_flags(options) + iree_dump_flags(record, options))
     record.stages[Stage.IREE] = used.shell_command(f"{record.name}.mlirbc", f"{record.name}.vmfb")
     return vmfb, used
 

@@ -223,9 +223,9 @@ class CompiledGraph:
         self._static_slots[i] = (value, value._version, value.data_ptr(), device, buffer, address)
         return buffer, address
 
-    def _invoke(self, module: LoadedModule, packed):
+    def _invoke(self, module: LoadedModule, packed, sizing=None):
         try:
-            return module.invoke(packed, self._num_results)
+            return module.invoke(packed, self._num_results, sizing)
         except (ValueError, RuntimeError, IndexError) as error:
             check = _FAILED_CHECK.search(str(error))
             if check:  # a `torch.runtime.assert` compiled into the module: the inputs' fault
@@ -237,37 +237,25 @@ class CompiledGraph:
                 "compiled for; otherwise compile with options={'fallback': 'error'} and report it."
             ) from error
 
+    def scratch_bytes(self, args) -> int | None:
+        """The scratch bytes (runtime/scratch.py) a call with `args` takes on the driver
+        in use, None when the module allocates its own."""
+        module = self._modules.get(self.driver) if self.driver else next(iter(self._modules.values()), None)
+        if module is None or module.scratch is None:
+            return None
+        return module.scratch.bytes_for(self._pack(module, args)[0] if module.scratch.size is None else None)
+
     def _run(self, module: LoadedModule, args):
         if self._staged:
             return self._run_staged(module, args)
         if self._dl_device[0] != _DL_CPU:
             # IREE's queue does not wait for work torch queued on its own stream.
             torch.cuda.current_stream(self._dl_device[1]).synchronize()
-        packed = rt.VmVariantList(len(args))
-        import_tensor = module.device.from_dlpack_capsule
-        # Addresses of the host memory IREE reads in place. IREE hands back an
-        # argument's buffer for a result that folds to it (a clone, a reshape),
-        # and one buffer for equal results: such a result must be copied out.
-        taken = set()
-        in_place = {}  # UPDATED_TENSOR arguments imported in place: index -> address
-        for i, (kind, value) in enumerate(zip(self._arg_kinds, args)):
-            if kind is ArgKind.TENSOR or kind is ArgKind.WRITTEN_TENSOR or kind is ArgKind.UPDATED_TENSOR:
-                value, address = _importable(value.clone() if kind is ArgKind.WRITTEN_TENSOR else value)
-                taken.add(address)
-                if kind is ArgKind.UPDATED_TENSOR and address == args[i].data_ptr():
-                    in_place[i] = address
-                packed.push_ref(import_tensor(to_dlpack(value)))
-            elif kind is ArgKind.STATIC_TENSOR:
-                buffer, address = self._static_buffer(i, value, module.device)
-                taken.add(address)
-                packed.push_ref(buffer)
-            elif kind is ArgKind.INT:
-                packed.push_int(int(value))
-            elif kind is ArgKind.FLOAT:
-                packed.push_float(float(value))
-        if self._seed is not None:
-            packed.push_ref(self._seed.buffer(module.device))
-        results = self._invoke(module, packed)
+        packed, taken, in_place = self._pack(module, args)
+        scratch = module.scratch
+        # A scratch size that depends on the shapes is asked of the module with the same arguments.
+        sizing = self._pack(module, args)[0] if scratch is not None and scratch.size is None else None
+        results = self._invoke(module, packed, sizing)
         export_tensor = module.device.create_dlpack_capsule
         outputs = []
         for index, value, dtype, updates in self._results:
@@ -291,6 +279,34 @@ class CompiledGraph:
                     tensor = _as_dtype(tensor, dtype)
                 outputs.append(tensor)
         return outputs
+
+    def _pack(self, module: LoadedModule, args):
+        """The VM arguments of a call, the addresses of the host memory IREE reads in
+        place, and the UPDATED_TENSOR arguments imported in place (index -> address)."""
+        packed = rt.VmVariantList(len(args) + 1)
+        import_tensor = module.device.from_dlpack_capsule
+        # IREE hands back an argument's buffer for a result that folds to it (a clone,
+        # a reshape), and one buffer for equal results: such a result must be copied out.
+        taken = set()
+        in_place = {}
+        for i, (kind, value) in enumerate(zip(self._arg_kinds, args)):
+            if kind is ArgKind.TENSOR or kind is ArgKind.WRITTEN_TENSOR or kind is ArgKind.UPDATED_TENSOR:
+                value, address = _importable(value.clone() if kind is ArgKind.WRITTEN_TENSOR else value)
+                taken.add(address)
+                if kind is ArgKind.UPDATED_TENSOR and address == args[i].data_ptr():
+                    in_place[i] = address
+                packed.push_ref(import_tensor(to_dlpack(value)))
+            elif kind is ArgKind.STATIC_TENSOR:
+                buffer, address = self._static_buffer(i, value, module.device)
+                taken.add(address)
+                packed.push_ref(buffer)
+            elif kind is ArgKind.INT:
+                packed.push_int(int(value))
+            elif kind is ArgKind.FLOAT:
+                packed.push_float(float(value))
+        if self._seed is not None:
+            packed.push_ref(self._seed.buffer(module.device))
+        return packed, taken, in_place
 
     def _run_staged(self, module: LoadedModule, args):
         device = module.device

@@ -8,10 +8,12 @@ import threading
 import iree.runtime as rt
 
 from tori.errors import ToriRuntimeError
+from tori.runtime.scratch import ScratchPool
 
 _lock = threading.Lock()
 _instance: rt.VmInstance | None = None
 _devices: dict[str, rt.HalDevice] = {}
+_scratch: dict[int, ScratchPool] = {}  # per device (its id), runtime/scratch.py
 
 
 def vm_instance() -> rt.VmInstance:
@@ -74,6 +76,15 @@ def device(driver: str, index: int | None = None) -> rt.HalDevice:
 _LOCAL_DRIVERS = ("local-sync", "local-task")
 
 
+def scratch_pool(found: rt.HalDevice) -> ScratchPool:
+    """The scratch buffers of `found` (a device of this module), created once."""
+    with _lock:
+        pool = _scratch.get(id(found))
+        if pool is None:
+            pool = _scratch[id(found)] = ScratchPool(found)
+        return pool
+
+
 def _first_line(error: Exception) -> str:
     return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
 
@@ -94,9 +105,11 @@ def _describe_devices() -> str:
 
 
 def release_all() -> None:
-    """Drop every cached device and the VM instance (modules using them must be gone)."""
+    """Drop every cached device, its scratch buffers and the VM instance (modules using
+    them must be gone)."""
     global _instance
     with _lock:
+        _scratch.clear()
         _devices.clear()
         _instance = None
 

@@ -5,13 +5,17 @@ from __future__ import annotations
 import iree.runtime as rt
 
 from tori.errors import ToriRuntimeError
-from tori.runtime.devices import device, vm_instance
+from tori.runtime.devices import device, scratch_pool, vm_instance
+from tori.runtime.scratch import ScratchAbi
 
 
 class LoadedModule:
-    """One vmfb in one VM context; `invoke` runs an exported function on raw VM lists."""
+    """One vmfb in one VM context; `invoke` runs an exported function on raw VM lists.
 
-    __slots__ = ("driver", "device", "_context", "_function", "_vm_module")
+    `scratch` is how the function takes its scratch buffer (runtime/scratch.py), None
+    when it allocates its own; `invoke` then lends it one from the device's pool."""
+
+    __slots__ = ("driver", "device", "scratch", "_context", "_function", "_vm_module", "_pool")
 
     def __init__(self, vmfb: bytes, driver: str, function: str = "main", device_index: int | None = None,
                  parameters: rt.ParameterIndex | None = None, scope: str = ""):
@@ -32,8 +36,22 @@ class LoadedModule:
         if self._function is None:
             names = ", ".join(self._vm_module.function_names)
             raise ToriRuntimeError(f"the module has no function '{function}'; it exports: {names}")
+        self.scratch = ScratchAbi.of(self._vm_module, self._context, function, self.device)
+        self._pool = scratch_pool(self.device) if self.scratch is not None else None
 
-    def invoke(self, args: rt.VmVariantList, num_results: int) -> rt.VmVariantList:
+    def invoke(self, args: rt.VmVariantList, num_results: int,
+               sizing: rt.VmVariantList | None = None) -> rt.VmVariantList:
+        """Run the function on `args` (its arguments before the scratch buffer, if it takes
+        one); `sizing`, a second list of the same arguments, where the scratch size is not
+        a constant (`scratch.size` None)."""
         results = rt.VmVariantList(num_results)
-        self._context.invoke(self._function, args, results)
+        if self.scratch is None:
+            self._context.invoke(self._function, args, results)
+            return results
+        lent = self._pool.take(self.scratch.bytes_for(sizing))
+        args.push_ref(lent[1])
+        try:
+            self._context.invoke(self._function, args, results)
+        finally:
+            self._pool.give(lent)
         return results

@@ -73,6 +73,18 @@ def check_element_types(ir: str, options: Options, graph: str) -> None:
                                f"none for them)", stage="iree", graph=graph)
 
 
+# A module run in this process takes the memory of its intermediate values as its last
+# argument (runtime/scratch.py) instead of allocating it on every call; an exported
+# artifact keeps IREE's plain calling convention.
+SCRATCH_FLAG = "--iree-torch-externalize-transients"
+
+
+def in_process_flags(options: Options) -> tuple[str, ...]:
+    """The flags of a module compiled for `options.target` to run in this process: on
+    the CPU, scratch memory passed in (page faults of fresh heap memory per call otherwise)."""
+    return (SCRATCH_FLAG,) if options.target is Target.CPU else ()
+
+
 def invocation(options: Options, target: Target, extra: tuple[str, ...] = (),
                codegen: Strategy | None = None) -> IreeInvocation:
     """iree-compile for `target`: its flags, the code generation strategy's, the user's, then `extra`."""

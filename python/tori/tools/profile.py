@@ -243,6 +243,9 @@ def _inputs(graph, args: list, folder: Path) -> list[str]:
         else:
             raise ProfileError(f"graph {graph.name}: cannot pass argument {index} ({type(value).__name__}) to "
                                "iree-benchmark-module")
+    scratch = graph.compiled.scratch_bytes(args)
+    if scratch is not None:  # the module's scratch buffer (runtime/scratch.py): a storage buffer of the tool's
+        flags.append(f"--input=&{max(scratch, 64)}xi8")
     return flags
 
 
