@@ -11,6 +11,7 @@ from click.testing import CliRunner
 import tori
 from tori.cli import main
 from tori.cache import compile_key
+from tori.targets.build import in_process_flags
 from tori.testing import assert_matches_eager
 
 TESTS = Path(__file__).resolve().parent
@@ -68,9 +69,14 @@ def test_dump_dir_index_links_stages_guards_passes_and_content_hash(tmp_path):
     (kept,) = keep.iterdir()
     assert "0x04000000" in (kept / "04-tori.mlir").read_text()
     # The hash is the compile cache's key: the IR after tori's passes (kept whole in this
-    # dump), the target's flags and CPU, and the versions.
-    assert json.loads((kept / "index.json").read_text())["content_hash"] == compile_key(
-        (kept / "04-tori.mlir").read_text(), tori.compiler.config.options())
+    # dump), the target's flags (the code generation strategy's and the in-process
+    # module's included) and CPU, and the versions; the key the compile used.
+    options = tori.compiler.config.options()
+    record = tori.last_compile().graphs[0]
+    content_hash = json.loads((kept / "index.json").read_text())["content_hash"]
+    assert content_hash == record.modules_key
+    assert content_hash == compile_key((kept / "04-tori.mlir").read_text(), options, record.codegen,
+                                       in_process_flags(options))
 
 
 @pytest.fixture(scope="module")

@@ -136,6 +136,19 @@ def compile_key(tori_ir: str, options: Options, codegen=None, extra: tuple[str, 
     return content_hash(tori_ir, flags, details)
 
 
+def graph_key(record, options: Options) -> str | None:
+    """The key of a compiled graph's modules (a GraphRecord's): the one its compile
+    used, or, where it skipped the cache, the one it would have; None before tori's passes."""
+    from tori.stages import Stage
+    from tori.targets.build import in_process_flags
+
+    if record.modules_key is not None:
+        return record.modules_key
+    if Stage.TORI not in record.stages:
+        return None
+    return compile_key(record.stages[Stage.TORI], options, record.codegen, in_process_flags(options))
+
+
 # --- entries ----------------------------------------------------------------
 
 def encode_entry(key: str, vmfbs: Mapping[Target, bytes], meta: Mapping | None = None) -> bytes:

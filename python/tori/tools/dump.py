@@ -11,7 +11,7 @@ import logging
 import shlex
 from pathlib import Path
 
-from tori.cache import compile_key, versions
+from tori.cache import graph_key, versions
 from tori.config import Options
 from tori.distributed import per_rank
 from tori.frontend.records import GraphRecord
@@ -158,7 +158,7 @@ def dump_graph(record: GraphRecord, options: Options) -> Path:
                    for n, run in enumerate(record.passes, 1)],
         "iree_phases": sorted(p.name for p in (directory / PHASES).glob("*")) if (directory / PHASES).is_dir() else [],
         # The compile cache's key of this graph (tori/cache.py).
-        "content_hash": compile_key(record.stages[Stage.TORI], options) if Stage.TORI in record.stages else None,
+        "content_hash": graph_key(record, options),
         "content_hash_of": "sha256 of the IR after tori's passes, every target's iree-compile flags, the host CPU "
                            "when compiled for 'host', and the versions below",
         "versions": versions(),

@@ -20,7 +20,7 @@ from mlir_pygments import MLIRLexer
 from pygments.formatters import HtmlFormatter
 from pygments.lexers import BashLexer, PythonLexer
 
-from tori.cache import compile_key, content_hash
+from tori.cache import content_hash, graph_key
 from tori.config import Options
 from tori.distributed import per_rank
 from tori.frontend.records import CompileRecord, GraphRecord, compile_records
@@ -153,7 +153,7 @@ def _graph_section(graph: GraphRecord, options: Options, formatter: HtmlFormatte
         ("tori pipeline", options.tori_pipeline or "(none)"), ("target", options.target.value),
         ("extra iree-compile flags", " ".join(flags) or "(none)"),
         ("content hash (compile cache key)",
-         compile_key(graph.stages[Stage.TORI], options)[:16] if Stage.TORI in graph.stages else "-"),
+         (graph_key(graph, options) or "-")[:16]),
     ]
     rows = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in facts)
     stages = "".join(
