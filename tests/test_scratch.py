@@ -46,7 +46,7 @@ def test_calls_reuse_one_scratch_buffer_and_touch_no_fresh_pages():
     torch.testing.assert_close(latest, expected, rtol=1e-4, atol=1e-4)
     # 64 MB of fresh pages would be 16,384 faults per call.
     assert faults_per_call < 1000, f"{faults_per_call:.0f} page faults per call"
-    assert devices.scratch_pool(module.device).held_bytes() >= module.scratch.size
+    assert devices.scratch_pool(module.driver, module.device).held_bytes() >= module.scratch.size
 
 
 def test_results_do_not_live_in_the_scratch_buffer():
@@ -75,7 +75,7 @@ def test_dynamic_shapes_ask_the_module_for_each_calls_scratch_size():
     # The 1000 x 1000 scores need the most; what the module answers grows with the rows.
     sizes = [graph.scratch_bytes([rows, rows, torch.randn(rows, 16)]) for rows in (8, 300, 1000)]
     assert sizes == sorted(sizes) and sizes[-1] >= 1000 * 1000 * 4
-    assert devices.scratch_pool(module.device).held_bytes() >= sizes[-1]
+    assert devices.scratch_pool(module.driver, module.device).held_bytes() >= sizes[-1]
 
 
 def test_reset_frees_the_scratch_buffers():
@@ -98,12 +98,29 @@ def test_exported_modules_keep_the_plain_calling_convention(tmp_path):
     torch.testing.assert_close(torch.from_numpy(tori.runtime.load(out)(x.numpy())), expected, rtol=1e-5, atol=1e-5)
 
 
+def test_both_host_drivers_run_on_one_pools_buffer():
+    tc.reset()
+    fn = lambda a, b: ((a @ b).sin() @ b.T).cos()  # noqa: E731
+    compiled = torch.compile(fn, backend="tori", options={"fallback": "error", "driver": "auto"})
+    a, b = torch.randn(96, 32), torch.randn(32, 80)
+    with count_graphs() as count:
+        for _ in range(16):  # the driver trial's 12 calls alternate local-sync and local-task
+            torch.testing.assert_close(compiled(a, b), fn(a, b), rtol=1e-5, atol=1e-5)
+    assert count.compiled_calls == 16 and count.fallback_calls == 0
+    assert set(tori.last_compile().forward.compiled._timings) == {"local-sync", "local-task"}
+    (pool,) = devices._scratch.values()
+    assert len(pool._free) == 1  # one call at a time: one buffer, whichever driver ran
+
+
 @pytest.mark.parametrize("driver", ["local-sync", "local-task"])
 def test_a_too_small_pool_buffer_is_replaced_not_passed(driver):
-    pool = devices.scratch_pool(devices.device(driver))
+    pool = devices.scratch_pool(driver, devices.device(driver))
     small = pool.take(1024)
     pool.give(small)
     large = pool.take(1 << 20)
     assert large[0] >= 1 << 20 and large[1] is not small[1]
     pool.give(large)
     assert pool.take(4096)[1] is large[1]  # the larger one serves smaller requests
+    # The host drivers share one pool: a graph timed on both keeps one buffer.
+    assert devices.scratch_pool("local-sync", devices.device("local-sync")) is \
+        devices.scratch_pool("local-task", devices.device("local-task"))

@@ -13,7 +13,7 @@ from tori.runtime.scratch import ScratchPool
 _lock = threading.Lock()
 _instance: rt.VmInstance | None = None
 _devices: dict[str, rt.HalDevice] = {}
-_scratch: dict[int, ScratchPool] = {}  # per device (its id), runtime/scratch.py
+_scratch: dict[str | int, ScratchPool] = {}  # "host", or a device's id: runtime/scratch.py
 
 
 def vm_instance() -> rt.VmInstance:
@@ -76,12 +76,15 @@ def device(driver: str, index: int | None = None) -> rt.HalDevice:
 _LOCAL_DRIVERS = ("local-sync", "local-task")
 
 
-def scratch_pool(found: rt.HalDevice) -> ScratchPool:
-    """The scratch buffers of `found` (a device of this module), created once."""
+def scratch_pool(driver: str, found: rt.HalDevice) -> ScratchPool:
+    """The scratch buffers of `found`, a device of `driver` (runtime/scratch.py), created
+    once. The host drivers share one pool: a buffer of one serves modules on the other,
+    so a graph timed on both (driver="auto") does not keep two."""
+    key = "host" if driver in _LOCAL_DRIVERS else id(found)
     with _lock:
-        pool = _scratch.get(id(found))
+        pool = _scratch.get(key)
         if pool is None:
-            pool = _scratch[id(found)] = ScratchPool(found)
+            pool = _scratch[key] = ScratchPool(found)
         return pool
 
 

@@ -37,7 +37,7 @@ class LoadedModule:
             names = ", ".join(self._vm_module.function_names)
             raise ToriRuntimeError(f"the module has no function '{function}'; it exports: {names}")
         self.scratch = ScratchAbi.of(self._vm_module, self._context, function, self.device)
-        self._pool = scratch_pool(self.device) if self.scratch is not None else None
+        self._pool = scratch_pool(driver, self.device) if self.scratch is not None else None
 
     def invoke(self, args: rt.VmVariantList, num_results: int,
                sizing: rt.VmVariantList | None = None) -> rt.VmVariantList:

@@ -8,10 +8,11 @@ on first touch, and a batch-8 ResNet-18's 116 MB cost 28,300 page faults per cal
 A module compiled with `--iree-torch-externalize-transients` (for the CPU, modules
 run in this process: targets/build.py) takes that memory as its last argument
 instead; its size is a constant of the module or, where shapes are dynamic, what the
-module's size function answers for the call's arguments. A pool per device lends
-each call a buffer at least that large and takes it back after the call.
+module's size function answers for the call's arguments. A pool per device (the two
+host drivers share one) lends each call a buffer at least that large and takes it
+back after the call.
 
-Memory: a device's pool holds one buffer per call that ran at once (threads), each
+Memory: a pool holds one buffer per call that ran at once (threads), each
 as large as the largest request it served, until `tori.compiler.reset()`; that is the
 peak a call needed anyway, now kept between calls.
 """
