@@ -124,3 +124,20 @@ def test_a_too_small_pool_buffer_is_replaced_not_passed(driver):
     # The host drivers share one pool: a graph timed on both keeps one buffer.
     assert devices.scratch_pool("local-sync", devices.device("local-sync")) is \
         devices.scratch_pool("local-task", devices.device("local-task"))
+
+
+def test_a_module_iree_cannot_give_scratch_allocates_its_own_and_runs_compiled():
+    def mask_assign(x):
+        y = x.clone()
+        y[x > 0] = 0.0  # a boolean mask's index_put: transients sized by the values
+        return y
+
+    compiled = torch.compile(mask_assign, backend="tori", options={"fallback": "error", "cache": False})
+    x = torch.randn(6, 7)
+    with count_graphs() as count:
+        torch.testing.assert_close(compiled(x), mask_assign(x))
+        torch.testing.assert_close(compiled(x), mask_assign(x))
+    assert count.compiled_calls == 2 and count.fallback_calls == 0
+    record = tori.last_compile().graphs[0]
+    assert _module(record.compiled).scratch is None
+    assert "--iree-torch-externalize-transients" not in record.stages["iree"]  # the command that made it

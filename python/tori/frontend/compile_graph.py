@@ -79,10 +79,10 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
         # IREE's phase dumps come from compiling, so asking for them bypasses the cache.
         cache = None if options.dump_iree_phases else compile_cache(options)
         record.codegen = codegen.choose(gm, options, compiled_targets(options))
-        key = compile_key(record.stages[Stage.TORI], options, record.codegen, in_process_flags(options)) \
-            if cache is not None else None
+        own_flags = in_process_flags(options)
+        key = compile_key(record.stages[Stage.TORI], options, record.codegen, own_flags) if cache is not None else None
         record.modules_key = key
-        invocation = build_invocation(options, options.target, in_process_flags(options) + iree_dump_flags(record, options),
+        invocation = build_invocation(options, options.target, own_flags + iree_dump_flags(record, options),
                                       record.codegen)
         record.stages[Stage.IREE] = invocation.shell_command(f"{record.name}.mlirbc", f"{record.name}.vmfb")
         with cache.single_flight(key, options.cache_wait_s) if cache is not None else nullcontext() as vmfbs:
@@ -99,7 +99,7 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
                     if module.context.allow_unregistered_dialects else to_bytecode(module)
                 others = OtherTargets(bytecode, options, record.name, record.stages[Stage.TORI], record.codegen)
                 with stage(record.name, f"iree-compile ({options.target.value})"):
-                    vmfb, invocation = _compile_main_target(bytecode, options, record)
+                    vmfb, invocation = _compile_main_target(bytecode, options, record, own_flags)
                 record.iree_bytecode, record.iree_invocation = bytecode, invocation
                 vmfbs = {options.target: vmfb, **others.result()}
                 if cache is not None:
@@ -127,13 +127,13 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
     return compiled
 
 
-def _compile_main_target(bytecode: bytes, options: Options, record: GraphRecord):
+def _compile_main_target(bytecode: bytes, options: Options, record: GraphRecord, flags: tuple[str, ...]):
     """iree-compile for the main target (`compile_with_strategy`: where the strategy's
     flags fail, IREE's other data-tiling path, then its defaults); the strategy used
     and its command are recorded. Returns the vmfb and the invocation that made it."""
     vmfb, used, record.codegen = compile_with_strategy(bytecode, options, options.target, record.codegen,
                                                        graph=record.name,
-                                                       extra=in_process_flags(options) + iree_dump_flags(record, options))
+                                                       extra=flags + iree_dump_flags(record, options))
     record.stages[Stage.IREE] = used.shell_command(f"{record.name}.mlirbc", f"{record.name}.vmfb")
     return vmfb, used
 

@@ -32,6 +32,8 @@ _FAILED_CHECK = re.compile(r"FAILED_PRECONDITION; (.*?);\s*(?:\n|$)")
 # DLPack device type codes of the GPU targets whose devices exchange tensors with torch.
 _DL_DEVICE = {Target.CUDA: 2, Target.ROCM: 10}
 _IREE_HEAP_ALIGNMENT = 64  # bytes; IREE refuses to import host memory aligned less
+_PUSHED = frozenset((ArgKind.TENSOR, ArgKind.WRITTEN_TENSOR, ArgKind.UPDATED_TENSOR, ArgKind.STATIC_TENSOR,
+                     ArgKind.INT, ArgKind.FLOAT))  # argument kinds passed to IREE (`_pack`)
 
 # Calls spent timing each driver when the driver is chosen by measurement, taken
 # alternately; the first of each is a warm-up and is not counted. A call is timed
@@ -95,7 +97,10 @@ class CompiledGraph:
         self._resident = tuple(i for i, kind in enumerate(signature.args) if kind is ArgKind.RESIDENT)
         self._loaded_weights: tuple = ()
         self._load_lock = threading.Lock()
-        self._modules = {} if self._resident else {d: LoadedModule(vmfb, d, device_index=device_index) for d in drivers}
+        # The VM arguments of a call: what `_pack` pushes.
+        self._vm_arguments = sum(kind in _PUSHED for kind in self._arg_kinds) + (self._seed is not None)
+        self._modules = {} if self._resident else {
+            d: LoadedModule(vmfb, d, device_index=device_index, arguments=self._vm_arguments) for d in drivers}
         self._drivers = tuple(drivers)
         if len(drivers) == 1:
             self.driver_choice = DriverChoice(drivers[0], "set by the 'driver' option")
@@ -153,7 +158,7 @@ class CompiledGraph:
                 index.add_buffer(parameter_name(i), array)
             drivers = tuple(self._modules) or self._drivers
             self._modules = {d: LoadedModule(self._vmfb, d, device_index=self._device_index, parameters=index,
-                                             scope=SCOPE) for d in drivers}
+                                             scope=SCOPE, arguments=self._vm_arguments) for d in drivers}
             if self.driver_choice is not None:
                 self._active = self._modules[self.driver_choice.driver]
             self._weight_arrays = arrays  # the host memory the parameters were read from

@@ -6,7 +6,7 @@ import iree.runtime as rt
 
 from tori.errors import ToriRuntimeError
 from tori.runtime.devices import device, scratch_pool, vm_instance
-from tori.runtime.scratch import ScratchAbi
+from tori.runtime.scratch import ScratchAbi, arity
 
 
 class LoadedModule:
@@ -18,9 +18,12 @@ class LoadedModule:
     __slots__ = ("driver", "device", "scratch", "_context", "_function", "_vm_module", "_pool")
 
     def __init__(self, vmfb: bytes, driver: str, function: str = "main", device_index: int | None = None,
-                 parameters: rt.ParameterIndex | None = None, scope: str = ""):
+                 parameters: rt.ParameterIndex | None = None, scope: str = "", arguments: int | None = None):
         """`parameters`: the values of the module's parameter globals (in `scope`), read
-        by its initializers as the context is created."""
+        by its initializers as the context is created; `arguments`: how many the caller
+        passes, the function taking one more where it takes a scratch buffer
+        (targets/build.in_process_flags; a module whose transients' sizes depend on values
+        is compiled without)."""
         self.driver = driver
         self.device = device(driver, device_index)
         instance = vm_instance()
@@ -36,7 +39,8 @@ class LoadedModule:
         if self._function is None:
             names = ", ".join(self._vm_module.function_names)
             raise ToriRuntimeError(f"the module has no function '{function}'; it exports: {names}")
-        self.scratch = ScratchAbi.of(self._vm_module, self._context, function, self.device)
+        takes_scratch = arguments is not None and arity(self._function) == arguments + 1
+        self.scratch = ScratchAbi.of(self._vm_module, self._context, function, self.device) if takes_scratch else None
         self._pool = scratch_pool(driver, self.device) if self.scratch is not None else None
 
     def invoke(self, args: rt.VmVariantList, num_results: int,

@@ -19,11 +19,22 @@ peak a call needed anyway, now kept between calls.
 
 from __future__ import annotations
 
+import re
+
 import iree.runtime as rt
 
 # Free buffers a pool keeps (one per thread that called at once); more are freed.
 MAX_FREE_BUFFERS = 4
 _MIN_BYTES = 64  # IREE allocates no empty buffer; a module without transients still takes one
+# A VM function's calling convention as its repr shows it, "main(0rrI_r)": version 0,
+# an argument type per character before "_" (IREE's Python API has no accessor for it).
+_CALLING_CONVENTION = re.compile(r"\(0([a-zA-Z]*)_")
+
+
+def arity(function: rt.VmFunction) -> int | None:
+    """How many arguments `function` takes, None where its calling convention is not a plain list."""
+    found = _CALLING_CONVENTION.search(repr(function))
+    return len(found.group(1)) if found else None
 
 
 class ScratchPool:
@@ -72,13 +83,12 @@ class ScratchAbi:
         self._placeholder = placeholder
 
     @staticmethod
-    def of(vm_module: rt.VmModule, context: rt.VmContext, function: str,
-           device: rt.HalDevice) -> "ScratchAbi | None":
-        """The scratch convention of `function`, or None when it allocates its own."""
+    def of(vm_module: rt.VmModule, context: rt.VmContext, function: str, device: rt.HalDevice) -> "ScratchAbi":
+        """The scratch convention of `function`, which takes a scratch buffer."""
         asynchronous = vm_module.lookup_function(f"{function}$async")
         reflection = asynchronous.reflection if asynchronous is not None else {}
         if "iree.abi.transients.size" not in reflection:
-            return None
+            return ScratchAbi(context, 0, None)  # no intermediate values: it still takes a buffer
         constant = reflection.get("iree.abi.transients.size.constant")
         if constant is not None:
             return ScratchAbi(context, int(constant), None)

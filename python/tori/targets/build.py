@@ -110,8 +110,18 @@ def compile_with_strategy(bytecode: bytes, options: Options, target: Target, str
         except CompileError as error:
             # An op IREE cannot lower, or a compile killed (past its time limit, or repeating
             # a diagnostic without end), fails with any flags.
-            if strategy is None or not strategy.flags_for(target) or isinstance(error, UnsupportedOpError) \
-                    or error.reason.endswith("killed)"):
+            hopeless = isinstance(error, UnsupportedOpError) or error.reason.endswith("killed)")
+            if SCRATCH_FLAG in extra and not hopeless:
+                # IREE cannot take some modules' transients as an argument: sizes that depend
+                # on values ("failed to hoist transient size computations": a boolean mask's
+                # index_put), some dynamic shapes ("explicit execution regions must only
+                # contain explicit ops"). Such a module allocates its own.
+                log.info("tori: graph %s: iree-compile failed with scratch memory passed in (%s); compiling it to "
+                         "allocate its own", graph, error.reason)
+                extra = tuple(flag for flag in extra if flag != SCRATCH_FLAG)
+                current = invocation(options, target, extra, strategy)
+                continue
+            if strategy is None or not strategy.flags_for(target) or hopeless:
                 error.invocation = current  # for the repro command
                 raise
             failed = strategy
