@@ -85,6 +85,13 @@ def in_process_flags(options: Options) -> tuple[str, ...]:
     return (SCRATCH_FLAG,) if options.target is Target.CPU else ()
 
 
+# How iree-compile refuses to take a module's transients as an argument: sizes that
+# depend on values (a boolean mask's index_put), some dynamic shapes (Swin's windows).
+# Such a module is compiled again to allocate its own.
+_SCRATCH_REFUSALS = ("failed to hoist transient size computations",
+                     "explicit execution regions must only contain explicit ops")
+
+
 def invocation(options: Options, target: Target, extra: tuple[str, ...] = (),
                codegen: Strategy | None = None) -> IreeInvocation:
     """iree-compile for `target`: its flags, the code generation strategy's, the user's, then `extra`."""
@@ -111,11 +118,7 @@ def compile_with_strategy(bytecode: bytes, options: Options, target: Target, str
             # An op IREE cannot lower, or a compile killed (past its time limit, or repeating
             # a diagnostic without end), fails with any flags.
             hopeless = isinstance(error, UnsupportedOpError) or error.reason.endswith("killed)")
-            if SCRATCH_FLAG in extra and not hopeless:
-                # IREE cannot take some modules' transients as an argument: sizes that depend
-                # on values ("failed to hoist transient size computations": a boolean mask's
-                # index_put), some dynamic shapes ("explicit execution regions must only
-                # contain explicit ops"). Such a module allocates its own.
+            if SCRATCH_FLAG in extra and any(refusal in error.reason for refusal in _SCRATCH_REFUSALS):
                 log.info("tori: graph %s: iree-compile failed with scratch memory passed in (%s); compiling it to "
                          "allocate its own", graph, error.reason)
                 extra = tuple(flag for flag in extra if flag != SCRATCH_FLAG)
