@@ -64,9 +64,12 @@ class ScratchPool:
 
     def _allocate(self, size: int) -> tuple[int, rt.HalBuffer]:
         size = max(int(size), _MIN_BYTES)
-        buffer = self._allocator.allocate_buffer(memory_type=rt.MemoryType.DEVICE_LOCAL,
-                                                 allowed_usage=rt.BufferUsage.DEFAULT, allocation_size=size)
-        return size, buffer
+        return size, _allocate(self._allocator, size)
+
+
+def _allocate(allocator: rt.HalAllocator, size: int) -> rt.HalBuffer:
+    return allocator.allocate_buffer(memory_type=rt.MemoryType.DEVICE_LOCAL, allowed_usage=rt.BufferUsage.DEFAULT,
+                                     allocation_size=size)
 
 
 class ScratchAbi:
@@ -93,7 +96,7 @@ class ScratchAbi:
         if constant is not None:
             return ScratchAbi(context, int(constant), None)
         return ScratchAbi(context, None, vm_module.lookup_function(reflection["iree.abi.transients.size"]),
-                          ScratchPool(device)._allocate(_MIN_BYTES)[1])
+                          _allocate(device.allocator, _MIN_BYTES))
 
     def bytes_for(self, sizing: rt.VmVariantList | None) -> int:
         """The scratch bytes of a call: the module's constant, else its size function's
