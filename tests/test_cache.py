@@ -476,7 +476,9 @@ def _stress_run(tmp_path: Path, redis_url: str | None = None) -> None:
     assert last["wrong"] == [] and last["cache_corrupt"] == 0 and last["cache_hits"] >= 2, last
 
 
-@pytest.mark.slow
+# The suite runs the four machines sharing Redis (below): the same processes, kill and
+# checks; one directory shared by concurrent processes is the torn-entry test's.
+@pytest.mark.extended
 def test_four_processes_one_killed_mid_compile_share_one_directory(tmp_path):
     _stress_run(tmp_path)
 
