@@ -25,8 +25,9 @@ demo: $(STAMP)
 	$(PY) -m tori.demo
 
 # The suite in TEST_WORKERS processes (pytest-xdist); tests marked with one `xdist_group`
-# run in the same worker, one after another. The 20 slowest are listed at the end (the
-# suite's time on 2 cores is kept under 25 minutes). Three workers on two cores were slower.
+# run in the same worker, one after another. The 20 slowest are listed at the end: the
+# suite is to stay under 25 minutes on 2 cores (it took 31 in the last runs). Three
+# workers on two cores were slower.
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	bash tests/setup/system-packages.sh
