@@ -51,7 +51,11 @@ def test_profile_times_each_dispatch_and_names_its_ops():
     # The heaviest dispatches first; the convolution, as img2col's matmul, is rated.
     assert [d.us_per_call for d in result.dispatches] == sorted((d.us_per_call for d in result.dispatches), reverse=True)
     conv = next(d for d in result.dispatches if "aten.convolution.default" in d.ops and d.gflops is not None)
-    assert "_matmul_" in conv.name and 0 < conv.fraction_of_peak < 1.5
+    # Its rate is its work over its time, as a share of the peak; the two are timed apart on
+    # a shared machine, so a dispatch timed in a quiet moment may outrun a peak timed in a busy one.
+    assert "_matmul_" in conv.name and conv.gflops > 0
+    assert conv.gflops == pytest.approx(contraction_gflop(conv.name) / (conv.us_per_call / conv.invocations_per_call) * 1e6)
+    assert conv.fraction_of_peak == pytest.approx(conv.gflops / result.peak_gflops)
     assert any(source.endswith("(Conv2d)") for source in conv.sources)
     linear = next(d for d in result.dispatches if "aten.addmm.default" in d.ops or "aten.mm.default" in d.ops)
     assert "5 (Linear)" in linear.sources
