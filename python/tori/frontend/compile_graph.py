@@ -61,10 +61,10 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
         unused = unused_args(gm)
         with stage(record.name, "import to the torch dialect (Torch-MLIR)"):
             if resident or unused:
-                source, hooks = make_resident(gm, resident, unused)
+                source, hooks, prologue = make_resident(gm, resident, unused)
                 module, signature = import_graph(source, graph_name=record.name,
                                                  importer=new_importer(hooks) if resident else None)
-                signature = with_resident(signature, resident, unused)
+                signature = replace(with_resident(signature, resident, unused), prologue=prologue)
             else:
                 module, signature = import_graph(gm, graph_name=record.name)
         signature = with_updates(signature, in_place_updates(gm))

@@ -39,6 +39,7 @@ from tori.cache import compile_cache, versions
 from tori.config import Options
 from tori.frontend.records import CompileRecord, GraphRecord
 from tori.frontend.signature import ArgKind, GraphSignature, Result
+from tori.frontend.weight_prologue import Prologue
 from tori.runtime.targeted import runtime_graph
 from tori.stages import Stage
 from tori.stats import counters
@@ -203,7 +204,8 @@ def _signature_to_json(signature: GraphSignature) -> dict | None:
         results.append({"index": result.index, "value": result.value, "updates": result.updates,
                         "dtype": str(result.dtype).removeprefix("torch.") if result.dtype is not None else None})
     return {"args": [kind.value for kind in signature.args], "results": results,
-            "num_iree_results": signature.num_iree_results}
+            "num_iree_results": signature.num_iree_results,
+            "prologue": signature.prologue.to_json() if signature.prologue is not None else None}
 
 
 def _signature_from_json(encoded: dict) -> GraphSignature:
@@ -215,5 +217,6 @@ def _signature_from_json(encoded: dict) -> GraphSignature:
         updates = result.get("updates")
         results.append(Result(result["index"], result["value"], getattr(torch, dtype) if dtype else None,
                               int(updates) if updates is not None else None))
+    prologue = encoded.get("prologue")
     return GraphSignature(tuple(ArgKind(kind) for kind in encoded["args"]), tuple(results),
-                          int(encoded["num_iree_results"]))
+                          int(encoded["num_iree_results"]), Prologue.from_json(prologue) if prologue else None)

@@ -18,6 +18,8 @@ import torch
 import torch.fx
 
 from tori.aot.parameters import BUILTIN_ELEMENT, ExternalParameters
+from tori.frontend import weight_prologue
+from tori.frontend.weight_prologue import Prologue, derived_name
 from tori.config import Options
 from tori.runtime.artifact import PARAMETER_SCOPE as SCOPE  # the scope ExternalParameters names
 from tori.targets import Target
@@ -94,31 +96,52 @@ def with_resident(signature, indices: frozenset[int], unused: frozenset[int] = f
     return replace(signature, args=tuple(args))
 
 
-def make_resident(gm: torch.fx.GraphModule, indices: frozenset[int],
-                  unused: frozenset[int] = frozenset()) -> tuple[torch.fx.GraphModule, ExternalParameters]:
+def make_resident(gm: torch.fx.GraphModule, indices: frozenset[int], unused: frozenset[int] = frozenset()
+                  ) -> tuple[torch.fx.GraphModule, ExternalParameters, Prologue | None]:
     """A copy of `gm` in which each input in `indices` is read from a global (the
     FxImporter hooks that declare them), its placeholder removed, and the inputs in
-    `unused` (read by nothing) removed."""
+    `unused` (read by nothing) removed. The ops that read only those inputs leave the
+    graph for its weight prologue (returned), their results read from globals too."""
     copy = torch.fx.GraphModule(gm, deepcopy(gm.graph))
     hooks = ExternalParameters()
-    placeholders = copy.graph.find_nodes(op="placeholder")
-    first_use = next(n for n in copy.graph.nodes if n.op != "placeholder")
-    for index, node in enumerate(placeholders):
+    extracted = weight_prologue.extract(copy, indices) if indices else None
+    if extracted is not None:
+        for number, node in enumerate(extracted[1]):
+            _read_from_global(copy, node, derived_name(number), hooks)
+        for node in reversed(list(copy.graph.nodes)):  # the prologue's ops, now read by nothing
+            if node.op == "call_function" and not node.users and not node.is_impure():
+                copy.graph.erase_node(node)
+    for index, node in enumerate(copy.graph.find_nodes(op="placeholder")):
         if index in unused:
             copy.graph.erase_node(node)
-        if index not in indices:
-            continue
-        value = node.meta["val"]
-        # Only shape and dtype reach the module: the values come at load time.
-        stand_in = torch.empty(value.shape, dtype=value.dtype, device="meta")
-        name = parameter_name(index)
-        copy.register_buffer(f"_tori_resident_{index}", stand_in)
-        hooks.add(stand_in, name)
-        for user in list(node.users):  # one get_attr per use: FxImporter binds each once
-            with copy.graph.inserting_before(first_use):
-                literal = copy.graph.get_attr(f"_tori_resident_{index}")
-            literal.meta = dict(node.meta)
-            user.replace_input_with(node, literal)
-        copy.graph.erase_node(node)
+        if index in indices:
+            _read_from_global(copy, node, parameter_name(index), hooks)
     copy.recompile()
-    return copy, hooks
+    return copy, hooks, extracted[0] if extracted is not None else None
+
+
+def _read_from_global(gm: torch.fx.GraphModule, node: torch.fx.Node, name: str, hooks: ExternalParameters) -> None:
+    """Replace `node` by global `name` of its shape and dtype, one get_attr per use
+    (FxImporter binds each once), and remove it."""
+    if not node.users:  # a weight only the prologue reads
+        gm.graph.erase_node(node)
+        return
+    first_use = next(n for n in gm.graph.nodes if n.op != "placeholder")
+    value = node.meta["val"]
+    # Only shape and dtype reach the module: the values come at load time.
+    stand_in = torch.empty(value.shape, dtype=value.dtype, device="meta")
+    gm.register_buffer(f"_tori_{name}", stand_in)
+    hooks.add(stand_in, name)
+
+    def literal(arg: torch.fx.Node) -> torch.fx.Node:
+        if arg is not node:
+            return arg
+        with gm.graph.inserting_before(first_use):
+            read = gm.graph.get_attr(f"_tori_{name}")
+        read.meta = dict(node.meta)
+        return read
+
+    for user in list(node.users):  # a get_attr per use, and per argument of one that names it twice
+        user.args = torch.fx.node.map_arg(user.args, literal)
+        user.kwargs = torch.fx.node.map_arg(user.kwargs, literal)
+    gm.graph.erase_node(node)

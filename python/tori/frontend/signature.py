@@ -47,6 +47,9 @@ class GraphSignature:
     args: tuple[ArgKind, ...]
     results: tuple[Result, ...]
     num_iree_results: int
+    # What the module's derived globals hold, computed from the RESIDENT arguments at
+    # each load (frontend/weight_prologue.py); None when it has none.
+    prologue: Any = None
 
 
 def _value(node: Any) -> Any:

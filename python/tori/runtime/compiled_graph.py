@@ -144,6 +144,7 @@ class CompiledGraph:
     def _load_weights(self, args) -> None:
         """(Re)load the module with the resident tensors of `args` as its parameters."""
         from tori.frontend.resident import SCOPE, parameter_name
+        from tori.frontend.weight_prologue import derived_name
 
         with self._load_lock:
             if self._weights_current(args):
@@ -156,6 +157,11 @@ class CompiledGraph:
                     np.zeros(0, np.uint8)
                 arrays.append(array)
                 index.add_buffer(parameter_name(i), array)
+            if self.signature.prologue is not None:
+                for number, value in enumerate(self.signature.prologue.run(args)):
+                    array = value.reshape(-1).view(torch.uint8).numpy() if value.numel() else np.zeros(0, np.uint8)
+                    arrays.append(array)
+                    index.add_buffer(derived_name(number), array)
             drivers = tuple(self._modules) or self._drivers
             self._modules = {d: LoadedModule(self._vmfb, d, device_index=self._device_index, parameters=index,
                                              scope=SCOPE, arguments=self._vm_arguments) for d in drivers}
