@@ -2,13 +2,15 @@
 (frontend/resident.py) run in PyTorch when the weights are loaded, not in IREE.
 
 BatchNorm's scale and shift from its statistics, a grouped convolution's weight
-reshaped and copied per image for its batched matmul, a linear layer's transposed
-weight: computed from immutable globals, IREE hoists most of them into the module's
-initializer, and compiles an executable for each (about a fifth of a convolutional
-network's executables), or leaves them in every call where hoisting would grow the
-value (the per-image weight copies). Here they become a small program of ATen ops,
-run once per load with the weights loaded; each value it hands the module is a
-resident global of its own (`derived_name`).
+reshaped and copied per image for its batched matmul: computed from immutable globals,
+IREE hoists the first kind into the module's initializer (an executable each) and
+leaves the second in every call, since hoisting would grow the value (RegNetY-1.6GF
+at batch 8: 48.9 ms of its 325 ms of dispatches, docs/performance.md). Here they become a small program of
+ATen ops, run once per load with the weights loaded; each value it hands the module
+is a resident global of its own (`derived_name`). What the module reads as it is
+stays there: a weight seen through views (a linear layer's transpose), and a widened
+copy of a narrow weight (an int8 weight dequantized), which would cost memory and
+hide the integer matmul from tori-int8-weight-matmul.
 
 The program is data (ops by name, arguments by position), so that the graph cache
 (frontend/graph_cache.py) keeps it in JSON with the rest of the signature.
