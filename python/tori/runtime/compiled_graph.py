@@ -141,27 +141,32 @@ class CompiledGraph:
                 return False
         return True
 
+    def parameters(self, args) -> dict[str, np.ndarray]:
+        """The module's parameters for a call with `args`, by name, as bytes: its
+        resident tensors, and the values its weight prologue derives from them."""
+        from tori.frontend.resident import parameter_name
+        from tori.frontend.weight_prologue import derived_name
+
+        def raw(value: torch.Tensor) -> np.ndarray:
+            return value.detach().contiguous().reshape(-1).view(torch.uint8).numpy() if value.numel() else \
+                np.zeros(0, np.uint8)
+
+        found = {parameter_name(i): raw(args[i]) for i in self._resident}
+        if self.signature.prologue is not None:
+            found.update((derived_name(n), raw(v)) for n, v in enumerate(self.signature.prologue.run(args)))
+        return found
+
     def _load_weights(self, args) -> None:
         """(Re)load the module with the resident tensors of `args` as its parameters."""
-        from tori.frontend.resident import SCOPE, parameter_name
-        from tori.frontend.weight_prologue import derived_name
+        from tori.frontend.resident import SCOPE
 
         with self._load_lock:
             if self._weights_current(args):
                 return  # another thread loaded them meanwhile
             index = rt.ParameterIndex()
-            arrays = []
-            for i in self._resident:
-                value = args[i].detach()
-                array = value.contiguous().reshape(-1).view(torch.uint8).numpy() if value.numel() else \
-                    np.zeros(0, np.uint8)
-                arrays.append(array)
-                index.add_buffer(parameter_name(i), array)
-            if self.signature.prologue is not None:
-                for number, value in enumerate(self.signature.prologue.run(args)):
-                    array = value.reshape(-1).view(torch.uint8).numpy() if value.numel() else np.zeros(0, np.uint8)
-                    arrays.append(array)
-                    index.add_buffer(derived_name(number), array)
+            arrays = self.parameters(args)
+            for name, array in arrays.items():
+                index.add_buffer(name, array)
             drivers = tuple(self._modules) or self._drivers
             self._modules = {d: LoadedModule(self._vmfb, d, device_index=self._device_index, parameters=index,
                                              scope=SCOPE, arguments=self._vm_arguments) for d in drivers}

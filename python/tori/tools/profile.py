@@ -215,19 +215,18 @@ def _inputs(graph, args: list, folder: Path) -> list[str]:
     graph with random ops included)."""
     from tori.frontend.signature import ArgKind
 
-    from tori.frontend.resident import SCOPE, parameter_name
+    from tori.frontend.resident import SCOPE
     from tori.runtime.artifact import write_parameters
 
     kinds = graph.compiled.signature.args
-    resident = {parameter_name(i): args[i] for i, kind in enumerate(kinds) if kind is ArgKind.RESIDENT}
+    resident = graph.compiled.parameters(args) if ArgKind.RESIDENT in kinds else {}
     values = [a for a, kind in zip(args, kinds) if kind not in (ArgKind.RESIDENT, ArgKind.UNUSED)]
     if ArgKind.SEED in kinds:
         values.append(torch.tensor(0, dtype=torch.int64))
     flags = []
     if resident:  # the module's parameter globals, from an archive of the call's tensors
         archive = folder / "parameters.irpa"
-        write_parameters(archive, {name: t.detach().contiguous().reshape(-1).view(torch.uint8).numpy()
-                                   for name, t in resident.items()})
+        write_parameters(archive, resident)
         flags.append(f"--parameters={SCOPE}={archive}")
     for index, value in enumerate(values):
         if isinstance(value, torch.Tensor):
