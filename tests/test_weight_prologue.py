@@ -4,6 +4,7 @@ their results from globals of their own."""
 
 import json
 
+import pytest
 import torch
 from torch import nn
 
@@ -53,7 +54,7 @@ class _SharedWeight(nn.Module):
         self.weight = nn.Parameter(torch.randn(64, 64))
 
     def forward(self, x):
-        return torch.bmm(self.weight.expand(x.shape[0], 64, 64), x).relu()
+        return torch.bmm(self.weight.expand(x.shape[0], 64, 64).contiguous(), x).relu()
 
 
 def test_a_copied_weight_is_derived_up_to_a_size_and_computed_in_the_module_beyond_it():
@@ -62,7 +63,9 @@ def test_a_copied_weight_is_derived_up_to_a_size_and_computed_in_the_module_beyo
     with torch.no_grad():
         assert_matches_eager(model, torch.randn(8, 64, 16), options={"cache": False}, rtol=1e-4, atol=1e-4)
         prologue = tori.last_compile().graphs[0].compiled.signature.prologue
-        assert [step.op for step in prologue.steps] == ["aten.expand.default"]
+        assert [step.op for step in prologue.steps] == ["aten.expand.default", "aten.clone.default"]
+        assert prologue.steps[1].kwargs == (("memory_format", torch.contiguous_format),)
+        assert Prologue.from_json(json.loads(json.dumps(prologue.to_json()))) == prologue
         torch._dynamo.reset()
         # 1100 copies of 16 KiB: 17.3 MB, beyond the derived values' limit (16 MiB here).
         assert_matches_eager(model, torch.randn(1100, 64, 2), options={"cache": False}, rtol=1e-4, atol=1e-4)
@@ -86,3 +89,14 @@ def test_a_graph_served_by_the_graph_cache_keeps_its_prologue(tmp_path):
     assert (count.graph_cache_hits, count.iree_compiles, count.compiled_calls) == (1, 0, 1)
     torch.testing.assert_close(served, expected, rtol=1e-5, atol=1e-5)
     assert tori.last_compile().graphs[0].compiled.signature.prologue == prologue
+
+
+def test_an_entry_naming_an_unknown_op_or_dtype_is_refused_when_read():
+    # The graph cache reads a refused entry as unreadable and compiles the graph again.
+    step = {"op": "aten.no_such_op.default", "args": [], "kwargs": []}
+    with pytest.raises(ValueError, match="unknown ATen op 'aten.no_such_op.default'"):
+        Prologue.from_json({"steps": [step], "outputs": [0]})
+    step = {"op": "aten._to_copy.default", "args": [{"ref": 0, "input": True}],
+            "kwargs": [["dtype", {"torch": "float7"}]]}
+    with pytest.raises(ValueError, match="unknown dtype or memory format 'float7'"):
+        Prologue.from_json({"steps": [step], "outputs": [0]})

@@ -98,8 +98,8 @@ def _overload(name: str) -> torch._ops.OpOverload:
 def _encode(arg):
     if isinstance(arg, Ref):
         return {"ref": arg.index, "input": arg.input}
-    if isinstance(arg, torch.dtype):
-        return {"dtype": str(arg).removeprefix("torch.")}
+    if isinstance(arg, (torch.dtype, torch.memory_format)):
+        return {"torch": str(arg).removeprefix("torch.")}
     if isinstance(arg, (list, tuple)):
         return [_encode(a) for a in arg]
     return arg
@@ -107,18 +107,18 @@ def _encode(arg):
 
 def _decode(arg):
     if isinstance(arg, dict):
-        if "dtype" in arg:
-            dtype = getattr(torch, str(arg["dtype"]), None)
-            if not isinstance(dtype, torch.dtype):
-                raise ValueError(f"unknown dtype {arg['dtype']!r}")
-            return dtype
+        if "torch" in arg:
+            found = getattr(torch, str(arg["torch"]), None)
+            if not isinstance(found, (torch.dtype, torch.memory_format)):
+                raise ValueError(f"unknown dtype or memory format {arg['torch']!r}")
+            return found
         return Ref(int(arg["ref"]), bool(arg["input"]))
     if isinstance(arg, list):
         return tuple(_decode(a) for a in arg)
     return arg
 
 
-_PLAIN = (int, float, bool, type(None), str, torch.dtype)
+_PLAIN = (int, float, bool, type(None), str, torch.dtype, torch.memory_format)
 
 
 def _static_tensor(node: torch.fx.Node) -> torch.Tensor | None:
