@@ -77,15 +77,16 @@ class _ConvTokens(nn.Module):
         return self.linear(self.conv(x).flatten(2).transpose(1, 2))
 
 
-def test_convolution_graph_gets_channels_last_img2col_and_data_tiling():
+def test_convolution_graph_gets_channels_last_convolutions_and_data_tiling():
     strategy = choose(_mixed_graph(), Options(), (Target.CPU,))
     flags = strategy.flags_for(Target.CPU)
+    # IREE's direct channels-last convolutions, not img2col's columns and a matmul.
     assert flags[0] == ("--iree-preprocessing-pass-pipeline=builtin.module(util.func("
-                        "iree-preprocessing-convert-conv-to-channels-last, iree-global-opt-convert-conv2d-to-img2col))")
+                        "iree-preprocessing-convert-conv-to-channels-last))")
     assert flags[1:] == ("--iree-opt-data-tiling=true",)
     # The linear layer (0.6 KFLOP) is below the matmul rule's least work.
     assert {r.family for r in strategy.rules} == {Family.CONV2D}
-    assert "convolution on cpu: channels-last, img2col" in str(strategy)
+    assert "convolution on cpu: channels-last convolutions, data-tiled matmuls" in str(strategy)
     rows = {row["family"]: row for row in strategy.describe()}
     assert rows["grouped convolution"]["rule"] == rows["matmul"]["rule"] == "IREE default"
     assert "ResNet-18" in rows["convolution"]["evidence"]
@@ -102,7 +103,7 @@ def test_two_rules_naming_one_flag_give_it_once():
 
 def test_small_convolutions_keep_iree_defaults():
     # 8 input channels: 0.027 GFLOP of convolution, below the rule's 0.1 (the measured
-    # cnn_bn case, where channels-last and img2col made small convolutions slower).
+    # cnn_bn case, where the rule made small convolutions slower).
     strategy = choose(_mixed_graph(inputs=8), Options(), (Target.CPU,))
     assert strategy.rules == () and strategy.flags_for(Target.CPU) == ()
 
@@ -158,7 +159,7 @@ def test_each_strategy_matches_eager_and_reaches_iree_compile(codegen):
         assert_matches_eager(model, x, options={"codegen": codegen, "cache": False}, rtol=1e-4, atol=1e-5)
     graph = tori.last_compile().graphs[0]
     command = graph.stages["iree"]
-    assert ("iree-global-opt-convert-conv2d-to-img2col" in command) is (codegen == "auto")
+    assert ("iree-preprocessing-convert-conv-to-channels-last" in command) is (codegen == "auto")
     assert ("--iree-opt-data-tiling=true" in command) is (codegen == "auto")
     assert (str(graph.codegen) == "IREE defaults") is (codegen == "none")
 

@@ -1,8 +1,10 @@
-"""Grouped convolutions as taps of the padded input (tori/frontend/decomp/grouped_conv.py)
+"""Convolutions rewritten before import (tori/frontend/decomp/grouped_conv.py): 1x1 ones
+as matmuls, grouped ones as one convolution per group or as taps of the padded input,
 and float32 depthwise ones in channels-last form (tori/passes/depthwise_nhwc.py),
 compiled and compared with eager: strides, padding, dilation, channel multipliers,
 batches, float16, and gradients."""
 
+import re
 import subprocess
 import sys
 
@@ -34,9 +36,64 @@ def test_grouped_convolution_matches_eager(case, tmp_path):
         assert_matches_eager(conv, x, options={"dump_dir": str(tmp_path)}, rtol=1e-4, atol=1e-5)
     graph = tori.last_compile().graphs[0]
     depthwise = cin == cout == groups
-    # Depthwise: one convolution, IREE's input calls its channels-last function; others decomposed.
-    assert ("aten.convolution" in graph.stages["aten"]) == depthwise
+    per_group = cin // groups
+    # Depthwise: one convolution, IREE's input calls its channels-last function. Several
+    # channels per group: one convolution of one group per group. A channel multiplier: taps.
+    groups_of_each = re.findall(r"aten\.convolution\.default\([^)]*\], (\d+)\)", graph.stages["aten"])
+    assert groups_of_each == ([str(groups)] if depthwise else ["1"] * groups if per_group > 1 else [])
     assert ("call @tori_depthwise_" in graph.iree_input) == depthwise
+
+
+@pytest.mark.parametrize("stride, bias, batch", [(1, True, 2), (2, False, 3), ((2, 1), True, 1)])
+def test_pointwise_convolution_is_a_matmul_of_its_pixels(stride, bias, batch):
+    conv = torch.nn.Conv2d(12, 20, 1, stride=stride, bias=bias).eval()
+    x = torch.randn(batch, 12, 9, 7)
+    with torch.no_grad():
+        assert_matches_eager(conv, x, rtol=1e-4, atol=1e-5)
+    aten_code = tori.last_compile().graphs[0].stages["aten"]
+    assert "aten.convolution" not in aten_code and "aten.mm.default(" in aten_code
+
+
+def test_image_patches_are_a_matmul_and_padded_windows_stay_convolutions():
+    # A vision transformer's patches (the stride is the kernel), an image that the patches
+    # do not tile (its last rows and columns are in no window), a padded 1x1 convolution,
+    # and a grouped 1x1 one (a matmul per group).
+    cases = [(torch.nn.Conv2d(3, 16, 4, stride=4), (2, 3, 16, 16), 1, 0),
+             (torch.nn.Conv2d(5, 7, (2, 3), stride=(2, 3), bias=False), (1, 5, 9, 10), 1, 0),
+             (torch.nn.Conv2d(4, 6, 1, padding=1), (1, 4, 5, 5), 0, 1),
+             (torch.nn.Conv2d(4, 6, 1, groups=2), (1, 4, 5, 5), 2, 0)]
+    for conv, shape, matmuls, convolutions in cases:
+        with torch.no_grad():
+            assert_matches_eager(conv.eval(), torch.randn(*shape), rtol=1e-4, atol=1e-5)
+        aten_code = tori.last_compile().graphs[0].stages["aten"]
+        assert (aten_code.count("aten.mm.default("), aten_code.count("aten.convolution.default(")) == (
+            matmuls, convolutions)
+
+
+def _assert_trains_as_eager(model: torch.nn.Module, x: torch.Tensor):
+    """One step's output and gradients (input and parameters), compiled against eager."""
+    x.requires_grad_(True)
+
+    def step(module):
+        x.grad = None
+        for p in model.parameters():
+            p.grad = None
+        out = module(x)
+        out.square().sum().backward()
+        return out, (x.grad, *(p.grad for p in model.parameters()))
+
+    reference, expected = step(model)
+    actual, grads = step(torch.compile(model, backend="tori", options={"fallback": "error"}))
+    torch.testing.assert_close(actual, reference, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(grads, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_pointwise_and_split_grouped_convolutions_train():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 1, stride=2), torch.nn.ReLU(),
+                                torch.nn.Conv2d(16, 16, 3, padding=1, groups=4))
+    _assert_trains_as_eager(model, torch.randn(2, 8, 10, 10))
+    assert "aten.mm.default(" in tori.last_compile().forward.stages["aten"]
 
 
 def test_grouped_convolution_float16_and_gradients():
@@ -44,20 +101,7 @@ def test_grouped_convolution_float16_and_gradients():
     x = torch.randn(1, 8, 6, 6).half()
     with torch.no_grad():
         assert_matches_eager(conv, x, rtol=2e-3, atol=2e-3)
-    depthwise = torch.nn.Conv2d(6, 6, 3, padding=1, groups=6)
-    x = torch.randn(2, 6, 5, 5, requires_grad=True)
-
-    def step(model, x):
-        out = model(x)
-        out.square().sum().backward()
-        return out
-
-    reference = step(depthwise, x)
-    expected = (x.grad.clone(), depthwise.weight.grad.clone())
-    x.grad = depthwise.weight.grad = depthwise.bias.grad = None
-    actual = step(torch.compile(depthwise, backend="tori", options={"fallback": "error"}), x)
-    torch.testing.assert_close(actual, reference, rtol=1e-4, atol=1e-5)
-    torch.testing.assert_close((x.grad, depthwise.weight.grad), expected, rtol=1e-4, atol=1e-4)
+    _assert_trains_as_eager(torch.nn.Conv2d(6, 6, 3, padding=1, groups=6), torch.randn(2, 6, 5, 5))
 
 
 def test_ordinary_convolution_is_left_to_iree():

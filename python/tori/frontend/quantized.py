@@ -428,25 +428,38 @@ def grouped_form(x, weight, groups: int) -> tuple | None:
     return None
 
 
+def _quantized_operands(x: torch.Tensor, weight: torch.Tensor):
+    """The FX nodes of a convolution's operands being traced (a decomposition's), where
+    either is a quantized_decomposed op's result; None otherwise."""
+    from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot
+
+    mode = get_proxy_mode()
+    if mode is None:
+        return None
+    nodes = [get_proxy_slot(t, mode.tracer, None) for t in (x, weight)]
+    if None in nodes:
+        return None
+    x, weight = (n.proxy.node for n in nodes)
+    # (the quantized_decomposed ops are registered only where a quantized graph made them)
+    if not any(getattr(n.target, "namespace", None) == "quantized_decomposed" for n in (x, weight)):
+        return None
+    return x, weight
+
+
+def quantized_convolution(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether a convolution being traced reads a dequantized activation or weight: its
+    decomposition leaves it whole, for `rewrite_quantized` to find."""
+    return _quantized_operands(x, weight) is not None
+
+
 def integer_grouped_convolution(x: torch.Tensor, weight: torch.Tensor, groups: int) -> bool:
     """Whether a grouped convolution being traced (a decomposition's operands) reads a
     quantized activation and weight that `rewrite_quantized` makes integer arithmetic:
     its decomposition leaves it whole for that rewrite."""
     if groups == 1:
         return False
-    from torch.fx.experimental.proxy_tensor import get_proxy_mode, get_proxy_slot
-
-    mode = get_proxy_mode()
-    if mode is None:
-        return False
-    nodes = [get_proxy_slot(t, mode.tracer, None) for t in (x, weight)]
-    if None in nodes:
-        return False
-    x, weight = (n.proxy.node for n in nodes)
-    # (the quantized_decomposed ops are registered only where a quantized graph made them)
-    if not any(getattr(n.target, "namespace", None) == "quantized_decomposed" for n in (x, weight)):
-        return False
-    return grouped_form(x, weight, groups) is not None
+    nodes = _quantized_operands(x, weight)
+    return nodes is not None and grouped_form(*nodes, groups) is not None
 
 
 def _integer_convolutions(gm: torch.fx.GraphModule, qd) -> int:

@@ -44,6 +44,8 @@ _CONTRACTION = re.compile(r"_(?:batch_)?(?:matmul|conv|mmt4d|contract)\w*?_((?:\
 
 # The torch ops whose dispatches are rated in GFLOP/s (pooling dispatches are also named `conv`).
 _CONTRACTING_OPS = ("aten.convolution",) + tuple(sorted(f"aten.{op.__name__.split('.')[0]}" for op in MATMUL_OPS))
+_POOLING_OPS = ("aten.max_pool", "aten.avg_pool", "aten.adaptive_avg_pool", "aten._adaptive_avg_pool",
+                "aten.adaptive_max_pool")
 
 
 class ProfileError(ToriError):
@@ -179,10 +181,13 @@ def dispatch_ops(flow_text: str) -> dict[str, DispatchSource]:
                 continue
             sources.append(f"{Path(file).name}:{line}")
         sources += _MODULE.findall(chunk)
+        pooling = any(op.startswith(_POOLING_OPS) for op in ops)
         for export in exports:
-            # IREE names pooling dispatches `conv` too: a `conv` dispatch is rated only with a convolution in it.
+            # IREE names pooling dispatches `conv` too: a `conv` dispatch is rated only with a
+            # convolution in it and no pooling (a convolution's transpose back to NCHW, which
+            # carries its location, can end in the pooling's dispatch).
             needed = ("aten.convolution",) if "_conv_" in export else _CONTRACTING_OPS
-            contraction = any(op.startswith(needed) for op in ops)
+            contraction = any(op.startswith(needed) for op in ops) and not ("_conv_" in export and pooling)
             found[export] = DispatchSource(ops, list(dict.fromkeys(sources)), contraction)
     return found
 

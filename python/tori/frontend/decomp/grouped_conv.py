@@ -1,6 +1,7 @@
-"""Convolutions IREE lowers badly. Grouped and depthwise 2-D convolutions as the taps
-of their windows, and 1-D ones whose strided windows leave the input's last elements
-out cut to what the windows read (their lowering failed to verify).
+"""Convolutions IREE lowers badly. 2-D convolutions over single pixels or image patches
+as matmuls; grouped ones as one convolution per group, or as the taps of their
+windows; and 1-D ones whose strided windows leave the input's last elements out cut to
+what the windows read (their lowering failed to verify).
 
 Grouped 2-D convolutions as the taps of their windows: IREE's CPU lowering of
 `linalg.conv_2d_ngchw_gfchw` and `depthwise_conv_2d_nchw_chw` ran 20-50x behind
@@ -12,9 +13,10 @@ tori-depthwise-nhwc gives it IREE's channels-last depthwise kernel, faster than 
 taps (0.11 ms for a 7x7 over 384 channels at 14x14, eager 0.27) at a fraction of
 their compile time. Each of the kernel's kh*kw taps is a strided view of the padded
 input. A 16-bit depthwise convolution multiplies each tap by its weight column and
-sums, which IREE fuses into one elementwise dispatch (0.61 ms for the 7x7); a
-grouped one stacks the taps into im2col columns per group and multiplies them by the
-group's weights in one batched matmul (1.1 ms for the 3x3). A grouped convolution of
+sums, which IREE fuses into one elementwise dispatch (0.61 ms for the 7x7). A float32
+grouped convolution with several channels per group runs as one convolution per
+group (`MAX_SPLIT_GROUPS`); any other stacks the taps into im2col columns per group
+and multiplies them by the group's weights in one batched matmul (1.1 ms for the 3x3). A grouped convolution of
 a quantized activation and an int8 weight stays whole: frontend/quantized.py makes it
 integer arithmetic.
 """
@@ -25,9 +27,19 @@ import torch
 
 from tori.frontend.decomp.pytorch import window_extent
 from tori.frontend.decompositions import register_decomposition
-from tori.frontend.quantized import integer_grouped_convolution
+from tori.frontend.quantized import integer_grouped_convolution, quantized_convolution
 
 aten = torch.ops.aten
+
+# A float32 grouped convolution with several channels per group runs as one 2-D
+# convolution per group, each channels last in IREE: 8 images with their 1x1
+# convolution, BatchNorm and ReLU, 48 channels in 2 groups at 56x56 7.8 ms against the
+# taps' 16.7 (eager 13.4), 120 in 5 at 28x28 5.1 against 12.9, 336 in 14 at 14x14 5.6
+# against 10.0, 888 in 37 at 7x7 8.0 against 12.0. Each group's convolution reads its
+# own channels and so is an executable of its own: RegNetY-1.6GF's iree-compile took
+# 36.7 s against the taps' 21.7. Beyond this many groups the taps' one batched matmul
+# keeps the compile bounded.
+MAX_SPLIT_GROUPS = 64
 
 
 def _taps(x: torch.Tensor, kernel, stride, padding, dilation):
@@ -48,6 +60,9 @@ def convolution(op, x, weight, bias, stride, padding, dilation, transposed, outp
     cropped = _ragged_conv1d(x, weight, stride, padding, dilation, transposed)
     if cropped is not None:
         return aten.convolution.default(cropped, weight, bias, stride, [0], dilation, False, output_padding, groups)
+    windows = _windows_as_matmul(x, weight, bias, stride, padding, dilation, transposed, groups)
+    if windows is not None:
+        return windows
     return grouped_conv2d(op, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
 
 
@@ -72,6 +87,43 @@ def _ragged_conv1d(x, weight, stride, padding, dilation, transposed):
     return aten.slice.Tensor(padded, 2, 0, used)
 
 
+def _windows_as_matmul(x, weight, bias, stride, padding, dilation, transposed, groups):
+    """A float 2-D convolution with one group and no padding whose windows are single
+    pixels (a 1x1 kernel, any stride) or tile the image (the stride is the kernel: a
+    vision transformer's patches) as a matmul of its windows, channels last, by the
+    weight; returned NCHW. None for any other convolution.
+
+    IREE data-tiles a 2-D matmul. A 1x1 convolution it lowered itself stayed a batched
+    contraction at 72 GFLOP/s (RegNetY's 336 channels at 14x14, 8 images), a strided one
+    a reduction at 6% of the GEMM rate (ResNet-50's shortcuts: 27.8 ms at batch 1), and
+    its direct kernel on patches was slow (DeiT-small's 16x16 patches, 8 images).
+    The permutes cancel against IREE's channels-last layout of the convolutions around."""
+    if transposed or groups != 1 or x.dim() != 4 or weight.dim() != 4 or len(stride) != 2:
+        return None
+    if any(padding) or any(d != 1 for d in dilation) or not x.dtype.is_floating_point or weight.dtype != x.dtype:
+        return None
+    if not all(isinstance(n, int) for n in (*x.shape, *weight.shape)) or x.numel() == 0:
+        return None
+    if quantized_convolution(x, weight):
+        return None  # int8 operands: integer arithmetic (frontend/quantized.py)
+    out_channels, channels, kh, kw = weight.shape
+    pixels = x.permute(0, 2, 3, 1)
+    if (kh, kw) == (1, 1):
+        windows = pixels[:, ::stride[0], ::stride[1], :]
+    elif tuple(stride) == (kh, kw) and x.shape[2] >= kh and x.shape[3] >= kw:
+        batch, height, width = x.shape[0], x.shape[2] // kh, x.shape[3] // kw
+        tiles = pixels[:, :height * kh, :width * kw, :].reshape(batch, height, kh, width, kw, channels)
+        windows = tiles.permute(0, 1, 3, 2, 4, 5).reshape(batch, height, width, kh * kw * channels)
+    else:
+        return None
+    batch, height, width, size = windows.shape
+    columns = weight.permute(0, 2, 3, 1).reshape(out_channels, size)  # (kh, kw, C), as the windows
+    out = torch.mm(windows.reshape(batch * height * width, size), columns.t())
+    if bias is not None:
+        out = out + bias
+    return out.reshape(batch, height, width, out_channels).permute(0, 3, 1, 2)
+
+
 def grouped_conv2d(op, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
     if groups == 1 or transposed or x.dim() != 4 or weight.dim() != 4 or not x.dtype.is_floating_point:
         return NotImplemented
@@ -84,6 +136,13 @@ def grouped_conv2d(op, x, weight, bias, stride, padding, dilation, transposed, o
     out_channels, per_group, kh, kw = weight.shape
     if per_group == 1 and out_channels == groups and x.dtype == torch.float32:
         return NotImplemented  # IREE's NHWC depthwise kernel (passes/depthwise_nhwc.py)
+    if x.dtype == torch.float32 and per_group > 1 and groups <= MAX_SPLIT_GROUPS:
+        # One convolution per group, which IREE lowers channels last like any other.
+        parts = [aten.convolution.default(part, part_weight, None, stride, padding, dilation, False,
+                                          output_padding, 1)
+                 for part, part_weight in zip(torch.chunk(x, groups, 1), torch.chunk(weight, groups, 0))]
+        out = torch.cat(parts, 1)
+        return out if bias is None else out + bias.reshape(1, out_channels, 1, 1)
     taps, out_h, out_w = _taps(x, (kh, kw), stride, padding, dilation)
     batch = x.shape[0]
     if per_group == 1 and out_channels == groups:  # depthwise, 16-bit floats (computed in float32)
