@@ -3,7 +3,8 @@ chosen from the op families it holds (2-D convolutions, matmuls), as one table o
 rules, each with the measurement that justified it.
 
 IREE's flags act on a whole module, so a rule applies per graph: a graph with a
-convolution gets the convolution rule, one with only matmuls the matmul rule. A
+convolution gets the convolution rule, one with only matmuls the matmul rule. Of a
+family's rules, the first whose conditions the graph and the target CPU meet applies. A
 flag the user names in `iree_flags` wins over a rule's (iree-compile refuses a
 flag given twice); `codegen="none"` applies no rule.
 """
@@ -48,10 +49,14 @@ class Rule:
     preprocessing: tuple[str, ...] = ()
     # The least work of the family in the graph (GFLOP per call) for the rule to apply.
     min_gflop: float = 0.0
+    # LLVM features of which the target CPU needs one for the rule to apply ("+avx512f");
+    # where it has none, the next rule of the family in the table does.
+    cpu_features: tuple[str, ...] = ()
     evidence: str = ""
 
 
 _CHANNELS_LAST = "iree-preprocessing-convert-conv-to-channels-last"
+_IMG2COL = "iree-global-opt-convert-conv2d-to-img2col"
 _DATA_TILING = "--iree-opt-data-tiling=true"
 # IREE's other data-tiling path, from global optimization rather than dispatch creation
 # (the one --iree-opt-data-tiling picks): where the first fails to compile a graph, it
@@ -64,15 +69,21 @@ _GLOBAL_DATA_TILING = "--iree-global-opt-data-tiling"
 # "Code generation per op family"); batch 1, 224x224 images, 2 cores.
 RULES: tuple[Rule, ...] = (
     Rule(Target.CPU, Family.CONV2D, "channels-last convolutions, data-tiled matmuls",
-         flags=(_DATA_TILING,), preprocessing=(_CHANNELS_LAST,), min_gflop=0.1,
+         flags=(_DATA_TILING,), preprocessing=(_CHANNELS_LAST,), min_gflop=0.1, cpu_features=("+avx512f",),
          evidence="IREE's direct channels-last convolution against img2col and a data-tiled matmul, 8 images (AMD "
                   "EPYC with AVX-512, 2026-12-03): two 3x3 convolutions with BatchNorm and ReLU, 64 channels at "
                   "56x56 20.4 ms against 67.5 (img2col's columns alone 14-19 ms each), 128 at 28x28 19.0 against "
                   "104.7, 256 at 14x14 20.1 against 137.3, 512 at 7x7 27.9 against 42.4; ResNet-18 at batch 8 "
                   "0.61-0.71x eager's time before, 1.21-1.26x after. 1x1 convolutions reach IREE as matmuls "
-                  "(frontend/decomp/grouped_conv.py), which data tiling packs. Earlier, IREE's NCHW default: "
-                  "ResNet-18 84.5 ms against 28.0 with img2col and data tiling (eager 17.6); small graphs (the "
-                  "benchmarks' cnn_bn, 0.045 GFLOP) kept the default, faster there"),
+                  "(frontend/decomp/grouped_conv.py), which data tiling packs. For an AVX2 CPU (haswell) the "
+                  "direct kernel ran ResNet-18 at batch 8 in 6343 ms against img2col's 911: hence AVX-512 only"),
+
+    Rule(Target.CPU, Family.CONV2D, "channels-last, img2col, data-tiled matmul",
+         flags=(_DATA_TILING,), preprocessing=(_CHANNELS_LAST, _IMG2COL), min_gflop=0.1,
+         evidence="ResNet-18 (3.6 GFLOP): 84.5 ms by default, 46.4 with channels-last and img2col, 28.0 with data "
+                  "tiling too (eager 17.6; Xeon with AVX-512, 2026-12-01), 541 -> 76 ms on an AVX2 EPYC; but the "
+                  "benchmarks' cnn_bn (0.045 GFLOP, 16-64 channels at 32x32) 0.51 -> 1.21 ms, so small graphs keep "
+                  "the default"),
     Rule(Target.CPU, Family.MATMUL, "data-tiled matmul", flags=(_DATA_TILING,), min_gflop=0.01,
          evidence="DeiT-tiny: 70.4 ms by default, 22.0 with data tiling (eager 12.6); a 1024 fp32 matmul "
                   "58 -> 156 GFLOP/s on an AVX2 EPYC; matmul+relu graphs on a Zen 5 EPYC: 256x512x512 "
@@ -187,6 +198,15 @@ def _flag_name(flag: str) -> str:
     return flag.split("=", 1)[0]
 
 
+def _cpu_has(options: Options, rule: Rule) -> bool:
+    """Whether the CPU compiled for (`options.cpu`) has one of the rule's required features."""
+    if not rule.cpu_features:
+        return True
+    from tori.targets.cpu import cpu_features
+
+    return bool(cpu_features(options.cpu) & set(rule.cpu_features))
+
+
 def choose(graphs: torch.fx.GraphModule | Iterable[torch.fx.GraphModule], options: Options,
            targets: tuple[Target, ...]) -> Strategy:
     """The strategy for the module of `graphs` compiled for `targets` with `options`."""
@@ -194,7 +214,13 @@ def choose(graphs: torch.fx.GraphModule | Iterable[torch.fx.GraphModule], option
     if options.codegen is Codegen.NONE or not uses:
         return Strategy(uses)
     work = {u.family: u.gflop for u in uses}
-    rules = tuple(r for r in RULES if r.family in work and work[r.family] >= r.min_gflop and r.target in targets)
+    chosen_rules: dict[tuple[Family, Target], Rule] = {}
+    for rule in RULES:
+        if (rule.family, rule.target) in chosen_rules or rule.target not in targets:
+            continue
+        if rule.family in work and work[rule.family] >= rule.min_gflop and _cpu_has(options, rule):
+            chosen_rules[(rule.family, rule.target)] = rule
+    rules = tuple(chosen_rules.values())
     user_flags = {_flag_name(f) for f in options.iree_flags}
     flags: dict[Target, tuple[str, ...]] = {}
     for target in targets:
