@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 
 import tori
+from tori.config import Options
+from tori.targets.codegen import direct_convolutions
 from tori.testing import assert_matches_eager
 
 CASES = {
@@ -36,11 +38,12 @@ def test_grouped_convolution_matches_eager(case, tmp_path):
         assert_matches_eager(conv, x, options={"dump_dir": str(tmp_path)}, rtol=1e-4, atol=1e-5)
     graph = tori.last_compile().graphs[0]
     depthwise = cin == cout == groups
-    per_group = cin // groups
+    split = cin // groups > 1 and direct_convolutions(Options())
     # Depthwise: one convolution, IREE's input calls its channels-last function. Several
-    # channels per group: one convolution of one group per group. A channel multiplier: taps.
+    # channels per group, for a CPU with IREE's direct kernels (AVX-512): one convolution
+    # of one group per group. Otherwise, taps.
     groups_of_each = re.findall(r"aten\.convolution\.default\([^)]*\], (\d+)\)", graph.stages["aten"])
-    assert groups_of_each == ([str(groups)] if depthwise else ["1"] * groups if per_group > 1 else [])
+    assert groups_of_each == ([str(groups)] if depthwise else ["1"] * groups if split else [])
     assert ("call @tori_depthwise_" in graph.iree_input) == depthwise
 
 
@@ -68,6 +71,15 @@ def test_image_patches_are_a_matmul_and_padded_windows_stay_convolutions():
         aten_code = tori.last_compile().graphs[0].stages["aten"]
         assert (aten_code.count("aten.mm.default("), aten_code.count("aten.convolution.default(")) == (
             matmuls, convolutions)
+
+
+def test_grouped_convolution_for_an_avx2_cpu_keeps_its_taps():
+    # img2col's convolutions there: one convolution per group was slower than the taps.
+    conv = torch.nn.Conv2d(24, 24, 3, padding=1, groups=3).eval()
+    with torch.no_grad():
+        assert_matches_eager(conv, torch.randn(1, 24, 12, 12), options={"cpu": "haswell"}, rtol=1e-4, atol=1e-5)
+    aten_code = tori.last_compile().graphs[0].stages["aten"]
+    assert "aten.convolution" not in aten_code and "aten.bmm.default(" in aten_code
 
 
 def _assert_trains_as_eager(model: torch.nn.Module, x: torch.Tensor):

@@ -23,7 +23,7 @@ from tori.errors import CheckFailedError, CompileError, OptionsError, ToriError,
 from tori.frontend.alias_outputs import restrider, user_outputs
 from tori.frontend.compile_graph import compile_graph
 from tori.frontend.constant_origins import ORIGIN, AssumedConstant, assumed_constants
-from tori.frontend.decompositions import decomposition_table
+from tori.frontend.decompositions import decomposition_table, tracing_for
 from tori.frontend import graph_cache
 from tori.frontend.tensor_start_narrow import rewrite_tensor_start_narrows
 from tori.frontend.partition import compile_partitioned
@@ -69,7 +69,8 @@ def tori_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], options: d
     try:
         # Effect tokens made and consumed inside the graph (prims._make_token, _sink_tokens)
         # rather than passed as inputs, which AOTAutograd's runtime wrapper sets to None.
-        with torch._functorch.config.patch(unlift_effect_tokens=True), stage(record.name, "AOTAutograd and compile"):
+        with torch._functorch.config.patch(unlift_effect_tokens=True), stage(record.name, "AOTAutograd and compile"), \
+                tracing_for(record.options):
             wrapped = aot_autograd(
                 fw_compiler=compilers["forward"],
                 bw_compiler=compilers["backward"],

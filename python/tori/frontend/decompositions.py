@@ -7,6 +7,7 @@ and one decorator each, cover ops that Torch-MLIR imports but IREE lowers wrongl
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import functools
 import math
@@ -64,6 +65,26 @@ def export_table(runtime_checks: bool = True) -> dict:
     table = decomposition_table(runtime_checks)
     composites = {op: _get_decomp_for_cia(op) for op in _collect_all_valid_cia_ops() if op not in table}
     return {**composites, **table}
+
+
+# The options of the graph being traced, for decompositions whose best form depends on
+# the code generation the graph will get (frontend/decomp/grouped_conv.py).
+_OPTIONS: contextvars.ContextVar = contextvars.ContextVar("tori_compile_options", default=None)
+
+
+@contextlib.contextmanager
+def tracing_for(options):
+    """Decompositions in this block trace a graph that will be compiled with `options`."""
+    token = _OPTIONS.set(options)
+    try:
+        yield
+    finally:
+        _OPTIONS.reset(token)
+
+
+def traced_options():
+    """The options of the graph being traced (`tracing_for`), None outside such a trace."""
+    return _OPTIONS.get()
 
 
 # Ops traced as they are (`as_is`) in the current trace: their tori entries step aside.

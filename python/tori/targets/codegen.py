@@ -65,11 +65,15 @@ _DATA_TILING = "--iree-opt-data-tiling=true"
 # batch 8, one thread, backward 168 ms with IREE's defaults, 114 with it (eager 79).
 _GLOBAL_DATA_TILING = "--iree-global-opt-data-tiling"
 
+# LLVM features of a CPU for which IREE's direct channels-last convolution kernel is
+# faster than img2col's columns and a matmul (measured on AVX-512 against AVX2 code).
+DIRECT_CONVOLUTION_FEATURES = ("+avx512f",)
+
 # Measured with benchmarks/bench_models.py and iree-profile (docs/performance.md,
 # "Code generation per op family"); batch 1, 224x224 images, 2 cores.
 RULES: tuple[Rule, ...] = (
     Rule(Target.CPU, Family.CONV2D, "channels-last convolutions, data-tiled matmuls",
-         flags=(_DATA_TILING,), preprocessing=(_CHANNELS_LAST,), min_gflop=0.1, cpu_features=("+avx512f",),
+         flags=(_DATA_TILING,), preprocessing=(_CHANNELS_LAST,), min_gflop=0.1, cpu_features=DIRECT_CONVOLUTION_FEATURES,
          evidence="IREE's direct channels-last convolution against img2col and a data-tiled matmul, 8 images (AMD "
                   "EPYC with AVX-512, 2026-12-03): two 3x3 convolutions with BatchNorm and ReLU, 64 channels at "
                   "56x56 20.4 ms against 67.5 (img2col's columns alone 14-19 ms each), 128 at 28x28 19.0 against "
@@ -205,6 +209,15 @@ def _cpu_has(options: Options, rule: Rule) -> bool:
     from tori.targets.cpu import cpu_features
 
     return bool(cpu_features(options.cpu) & set(rule.cpu_features))
+
+
+def direct_convolutions(options: Options) -> bool:
+    """Whether a graph compiled with `options` runs its convolutions on IREE's direct
+    channels-last kernels (where the convolution rule applies): a CPU target with
+    AVX-512 among its targets."""
+    rule = next(r for r in RULES if r.family is Family.CONV2D)
+    return options.codegen is not Codegen.NONE and Target.CPU in (options.target, *options.targets) \
+        and _cpu_has(options, rule)
 
 
 def choose(graphs: torch.fx.GraphModule | Iterable[torch.fx.GraphModule], options: Options,

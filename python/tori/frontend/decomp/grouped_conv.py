@@ -15,7 +15,7 @@ their compile time. Each of the kernel's kh*kw taps is a strided view of the pad
 input. A 16-bit depthwise convolution multiplies each tap by its weight column and
 sums, which IREE fuses into one elementwise dispatch (0.61 ms for the 7x7). A float32
 grouped convolution with several channels per group runs as one convolution per
-group (`MAX_SPLIT_GROUPS`); any other stacks the taps into im2col columns per group
+group where IREE's direct channels-last kernels run them (`MAX_SPLIT_GROUPS`); any other stacks the taps into im2col columns per group
 and multiplies them by the group's weights in one batched matmul (1.1 ms for the 3x3). A grouped convolution of
 a quantized activation and an int8 weight stays whole: frontend/quantized.py makes it
 integer arithmetic.
@@ -40,6 +40,17 @@ aten = torch.ops.aten
 # 36.7 s against the taps' 21.7. Beyond this many groups the taps' one batched matmul
 # keeps the compile bounded.
 MAX_SPLIT_GROUPS = 64
+
+
+def _direct_convolutions() -> bool:
+    """Whether the graph being traced is compiled for IREE's direct channels-last
+    convolutions (a CPU with AVX-512): under img2col, one convolution per group was
+    slower than the taps (one RegNetY block, 19.0-21.7 ms against 12.5)."""
+    from tori.frontend.decompositions import traced_options
+    from tori.targets.codegen import direct_convolutions
+
+    options = traced_options()
+    return options is not None and direct_convolutions(options)
 
 
 def _taps(x: torch.Tensor, kernel, stride, padding, dilation):
@@ -136,7 +147,7 @@ def grouped_conv2d(op, x, weight, bias, stride, padding, dilation, transposed, o
     out_channels, per_group, kh, kw = weight.shape
     if per_group == 1 and out_channels == groups and x.dtype == torch.float32:
         return NotImplemented  # IREE's NHWC depthwise kernel (passes/depthwise_nhwc.py)
-    if x.dtype == torch.float32 and per_group > 1 and groups <= MAX_SPLIT_GROUPS:
+    if x.dtype == torch.float32 and per_group > 1 and groups <= MAX_SPLIT_GROUPS and _direct_convolutions():
         # One convolution per group, which IREE lowers channels last like any other.
         parts = [aten.convolution.default(part, part_weight, None, stride, padding, dilation, False,
                                           output_padding, 1)
