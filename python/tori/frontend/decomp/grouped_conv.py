@@ -67,7 +67,8 @@ def _taps(x: torch.Tensor, kernel, stride, padding, dilation):
 
 @register_decomposition(aten.convolution.default)
 def convolution(op, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
-    """Ragged 1-D convolutions cropped (below), grouped 2-D ones as their taps."""
+    """Ragged 1-D convolutions cropped, pixel and patch windows as matmuls, grouped 2-D
+    convolutions per group or as their taps (below)."""
     cropped = _ragged_conv1d(x, weight, stride, padding, dilation, transposed)
     if cropped is not None:
         return aten.convolution.default(cropped, weight, bias, stride, [0], dilation, False, output_padding, groups)
