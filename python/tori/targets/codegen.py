@@ -73,7 +73,8 @@ DIRECT_CONVOLUTION_FEATURES = ("+avx512f",)
 # "Code generation per op family"); batch 1, 224x224 images, 2 cores.
 RULES: tuple[Rule, ...] = (
     Rule(Target.CPU, Family.CONV2D, "channels-last convolutions, data-tiled matmuls",
-         flags=(_DATA_TILING,), preprocessing=(_CHANNELS_LAST,), min_gflop=0.1, cpu_features=DIRECT_CONVOLUTION_FEATURES,
+         flags=(_DATA_TILING,), preprocessing=(_CHANNELS_LAST,), min_gflop=0.1,
+         cpu_features=DIRECT_CONVOLUTION_FEATURES,
          evidence="IREE's direct channels-last convolution against img2col and a data-tiled matmul, 8 images (AMD "
                   "EPYC with AVX-512, 2026-12-03): two 3x3 convolutions with BatchNorm and ReLU, 64 channels at "
                   "56x56 20.4 ms against 67.5 (img2col's columns alone 14-19 ms each), 128 at 28x28 19.0 against "
@@ -81,7 +82,6 @@ RULES: tuple[Rule, ...] = (
                   "0.61-0.71x eager's time before, 1.21-1.26x after. 1x1 convolutions reach IREE as matmuls "
                   "(frontend/decomp/grouped_conv.py), which data tiling packs. For an AVX2 CPU (haswell) the "
                   "direct kernel ran ResNet-18 at batch 8 in 6343 ms against img2col's 911: hence AVX-512 only"),
-
     Rule(Target.CPU, Family.CONV2D, "channels-last, img2col, data-tiled matmul",
          flags=(_DATA_TILING,), preprocessing=(_CHANNELS_LAST, _IMG2COL), min_gflop=0.1,
          evidence="ResNet-18 (3.6 GFLOP): 84.5 ms by default, 46.4 with channels-last and img2col, 28.0 with data "

@@ -14,9 +14,10 @@ taps (0.11 ms for a 7x7 over 384 channels at 14x14, eager 0.27) at a fraction of
 their compile time. Each of the kernel's kh*kw taps is a strided view of the padded
 input. A 16-bit depthwise convolution multiplies each tap by its weight column and
 sums, which IREE fuses into one elementwise dispatch (0.61 ms for the 7x7). A float32
-grouped convolution with several channels per group runs as one convolution per
-group where IREE's direct channels-last kernels run them (`MAX_SPLIT_GROUPS`); any other stacks the taps into im2col columns per group
-and multiplies them by the group's weights in one batched matmul (1.1 ms for the 3x3). A grouped convolution of
+grouped convolution with several channels per group runs as one convolution per group
+where IREE's direct channels-last kernels run them (`MAX_SPLIT_GROUPS`); any other
+stacks the taps into im2col columns per group and multiplies them by the group's
+weights in one batched matmul (1.1 ms for the 3x3). A grouped convolution of
 a quantized activation and an int8 weight stays whole: frontend/quantized.py makes it
 integer arithmetic.
 """
