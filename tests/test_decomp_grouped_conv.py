@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 import tori
 from tori.config import Options
+from tori.frontend.decomp.grouped_conv import SPLIT_MIN_GFLOP
 from tori.targets.codegen import direct_convolutions
 from tori.testing import assert_matches_eager
 
@@ -25,6 +26,7 @@ CASES = {
     "depthwise dilated": (6, 6, 3, 1, 2, 2, 6, True, 1, 10),
     "channel multiplier": (4, 12, 3, 1, 0, 1, 4, True, 2, 8),
     "grouped RegNet": (24, 24, 3, 1, 1, 1, 3, False, 1, 12),
+    "grouped RegNet, its first stage at 224x224": (48, 48, 3, 1, 1, 1, 2, False, 1, 56),
     "grouped stride 2 asymmetric": (8, 16, (3, 1), (2, 1), (1, 0), 1, 2, True, 2, 9),
 }
 
@@ -38,10 +40,12 @@ def test_grouped_convolution_matches_eager(case, tmp_path):
         assert_matches_eager(conv, x, options={"dump_dir": str(tmp_path)}, rtol=1e-4, atol=1e-5)
     graph = tori.last_compile().graphs[0]
     depthwise = cin == cout == groups
-    split = cin // groups > 1 and direct_convolutions(Options())
+    out_h, out_w = (F.conv2d(x, conv.weight, None, stride, padding, dilation, groups).shape[-2:])
+    gflop = 2 * batch * out_h * out_w * cout * (cin // groups) * conv.weight.shape[2] * conv.weight.shape[3] / 1e9
+    split = cin // groups > 1 and gflop >= SPLIT_MIN_GFLOP and direct_convolutions(Options())
     # Depthwise: one convolution, IREE's input calls its channels-last function. Several
-    # channels per group, for a CPU with IREE's direct kernels (AVX-512): one convolution
-    # of one group per group. Otherwise, taps.
+    # channels per group and enough work, for a CPU with IREE's direct kernels (AVX-512):
+    # one convolution of one group per group. Otherwise, taps.
     groups_of_each = re.findall(r"aten\.convolution\.default\([^)]*\], (\d+)\)", graph.stages["aten"])
     assert groups_of_each == ([str(groups)] if depthwise else ["1"] * groups if split else [])
     assert ("call @tori_depthwise_" in graph.iree_input) == depthwise
@@ -60,11 +64,13 @@ def test_pointwise_convolution_is_a_matmul_of_its_pixels(stride, bias, batch):
 def test_image_patches_are_a_matmul_and_padded_windows_stay_convolutions():
     # A vision transformer's patches (the stride is the kernel), an image that the patches
     # do not tile (its last rows and columns are in no window), a padded 1x1 convolution,
-    # and a grouped 1x1 one (a matmul per group).
+    # and a grouped 1x1 one with 0.05 GFLOP of work (a matmul per group where the CPU
+    # has IREE's direct kernels, else the taps' batched matmul).
+    split = direct_convolutions(Options())
     cases = [(torch.nn.Conv2d(3, 16, 4, stride=4), (2, 3, 16, 16), 1, 0),
              (torch.nn.Conv2d(5, 7, (2, 3), stride=(2, 3), bias=False), (1, 5, 9, 10), 1, 0),
              (torch.nn.Conv2d(4, 6, 1, padding=1), (1, 4, 5, 5), 0, 1),
-             (torch.nn.Conv2d(4, 6, 1, groups=2), (1, 4, 5, 5), 2, 0)]
+             (torch.nn.Conv2d(128, 128, 1, groups=2), (1, 128, 56, 56), 2 if split else 0, 0)]
     for conv, shape, matmuls, convolutions in cases:
         with torch.no_grad():
             assert_matches_eager(conv.eval(), torch.randn(*shape), rtol=1e-4, atol=1e-5)
@@ -102,10 +108,25 @@ def _assert_trains_as_eager(model: torch.nn.Module, x: torch.Tensor):
 
 def test_pointwise_and_split_grouped_convolutions_train():
     torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Conv2d(8, 16, 1, stride=2), torch.nn.ReLU(),
-                                torch.nn.Conv2d(16, 16, 3, padding=1, groups=4))
-    _assert_trains_as_eager(model, torch.randn(2, 8, 10, 10))
-    assert "aten.mm.default(" in tori.last_compile().forward.stages["aten"]
+    # The grouped convolution: 2 * 2 images * 48x48 * 64 * 32 * 9 = 0.17 GFLOP, split
+    # where the CPU has IREE's direct kernels.
+    model = torch.nn.Sequential(torch.nn.Conv2d(8, 64, 1, stride=2), torch.nn.ReLU(),
+                                torch.nn.Conv2d(64, 64, 3, padding=1, groups=2))
+    _assert_trains_as_eager(model, torch.randn(2, 8, 96, 96))
+    forward = tori.last_compile().forward.stages["aten"]
+    assert "aten.mm.default(" in forward
+    groups_of_each = re.findall(r"aten\.convolution\.default\([^)]*\], (\d+)\)", forward)
+    assert groups_of_each == (["1", "1"] if direct_convolutions(Options()) else [])
+
+
+def test_small_grouped_convolutions_keep_their_taps_where_splitting_them_would_not_pay():
+    # RegNetY's last stage at 224x224 and one image: 888 channels in 37 groups at 7x7,
+    # 0.019 GFLOP; one executable per group would cost more compile time than it saves.
+    conv = torch.nn.Conv2d(888, 888, 3, padding=1, groups=37, bias=False).eval()
+    with torch.no_grad():
+        assert_matches_eager(conv, torch.randn(1, 888, 7, 7), rtol=1e-4, atol=1e-4)
+    aten_code = tori.last_compile().graphs[0].stages["aten"]
+    assert "aten.convolution" not in aten_code and "aten.bmm.default(" in aten_code
 
 
 def test_grouped_convolution_float16_and_gradients():

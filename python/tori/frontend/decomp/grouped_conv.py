@@ -15,8 +15,8 @@ their compile time. Each of the kernel's kh*kw taps is a strided view of the pad
 input. A 16-bit depthwise convolution multiplies each tap by its weight column and
 sums, which IREE fuses into one elementwise dispatch (0.61 ms for the 7x7). A float32
 grouped convolution with several channels per group runs as one convolution per group
-where IREE's direct channels-last kernels run them (`MAX_SPLIT_GROUPS`); any other
-stacks the taps into im2col columns per group and multiplies them by the group's
+where IREE's direct channels-last kernels run them and it has the work to pay for
+their executables (`MAX_SPLIT_GROUPS`, `SPLIT_MIN_GFLOP`); any other stacks the taps into im2col columns per group and multiplies them by the group's
 weights in one batched matmul (1.1 ms for the 3x3). A grouped convolution of
 a quantized activation and an int8 weight stays whole: frontend/quantized.py makes it
 integer arithmetic.
@@ -41,6 +41,11 @@ aten = torch.ops.aten
 # 36.7 s against the taps' 21.7. Beyond this many groups the taps' one batched matmul
 # keeps the compile bounded.
 MAX_SPLIT_GROUPS = 64
+# ...and only with this much work: RegNetY-1.6GF at one image splits its first stage
+# alone (0.065 GFLOP per convolution; the later ones 0.019-0.041), 32.5 and 38.5 ms
+# against 32.7 and 32.5 with every stage split (eager 40-59 in the same processes), its
+# first call 27.2 and 28.3 s against 45.0 and 39.6. At 8 images every stage splits.
+SPLIT_MIN_GFLOP = 0.05
 
 
 def _direct_convolutions() -> bool:
@@ -54,13 +59,27 @@ def _direct_convolutions() -> bool:
     return options is not None and direct_convolutions(options)
 
 
+def _output_size(x: torch.Tensor, kernel, stride, padding, dilation) -> tuple[int, int]:
+    return tuple((size + 2 * pad - dil * (k - 1) - 1) // step + 1
+                 for size, k, step, pad, dil in zip(x.shape[-2:], kernel, stride, padding, dilation))
+
+
+def _split_per_group(x: torch.Tensor, weight: torch.Tensor, stride, padding, dilation, groups: int) -> bool:
+    """Whether a float32 grouped convolution with several channels per group runs as
+    one convolution per group (MAX_SPLIT_GROUPS, SPLIT_MIN_GFLOP)."""
+    out_channels, per_group, kh, kw = weight.shape
+    if x.dtype != torch.float32 or per_group == 1 or groups > MAX_SPLIT_GROUPS:
+        return False
+    out_h, out_w = _output_size(x, (kh, kw), stride, padding, dilation)
+    gflop = 2 * x.shape[0] * out_h * out_w * out_channels * per_group * kh * kw / 1e9
+    return gflop >= SPLIT_MIN_GFLOP and _direct_convolutions()
+
+
 def _taps(x: torch.Tensor, kernel, stride, padding, dilation):
     """The kh*kw strided views of the zero-padded input that a window's positions read,
     row-major over the kernel, each (N, C, OH, OW)."""
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
-    height, width = x.shape[-2:]
-    out_h = (height + 2 * ph - dh * (kh - 1) - 1) // sh + 1
-    out_w = (width + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    out_h, out_w = _output_size(x, kernel, stride, padding, dilation)
     padded = aten.constant_pad_nd.default(x, [pw, pw, ph, ph], 0.0) if ph or pw else x
     return [padded[:, :, i * dh: i * dh + sh * (out_h - 1) + 1: sh, j * dw: j * dw + sw * (out_w - 1) + 1: sw]
             for i in range(kh) for j in range(kw)], out_h, out_w
@@ -149,7 +168,7 @@ def grouped_conv2d(op, x, weight, bias, stride, padding, dilation, transposed, o
     out_channels, per_group, kh, kw = weight.shape
     if per_group == 1 and out_channels == groups and x.dtype == torch.float32:
         return NotImplemented  # IREE's NHWC depthwise kernel (passes/depthwise_nhwc.py)
-    if x.dtype == torch.float32 and per_group > 1 and groups <= MAX_SPLIT_GROUPS and _direct_convolutions():
+    if _split_per_group(x, weight, stride, padding, dilation, groups):
         # One convolution per group, which IREE lowers channels last like any other.
         parts = [aten.convolution.default(part, part_weight, None, stride, padding, dilation, False,
                                           output_padding, 1)
