@@ -75,6 +75,23 @@ def test_warm_start_in_a_new_process_compiles_nothing(tmp_path):
     assert warm["graph_cache_hits"] == 1 and warm["aot_traces"] == 0
 
 
+def test_benchmark_first_calls_time_each_stage_of_a_cold_and_a_warm_start(tmp_path):
+    # `make bench`'s fresh-process first calls (benchmarks/warm_start.py) wrap tori's
+    # stage functions where the pipeline calls them: a function moved breaks the run.
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import warm_start
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    cold = warm_start.run_child("mlp", "tori", str(tmp_path))
+    stages = cold["stages_s"]
+    assert cold["iree_compiles"] == 1 and cold["compiled_graphs"] == 1 and cold["fallback_graphs"] == 0
+    assert stages["iree-compile"] > 0 and stages["import+passes"] > 0 and stages["module load"] > 0
+    assert sum(stages.values()) == pytest.approx(cold["first_call_s"], rel=1e-6)
+    warm = warm_start.run_child("mlp", "tori", str(tmp_path))
+    assert warm["iree_compiles"] == 0 and warm["cache_hits"] == 1 and warm["stages_s"]["iree-compile"] == 0
+
+
 def test_off_switch_writes_nothing_and_compiles_every_time(tmp_path):
     assert from_environment({"TORI_CACHE": "0"}).cache is False
     for _ in range(2):
