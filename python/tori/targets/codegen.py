@@ -214,8 +214,11 @@ def _cpu_has(options: Options, rule: Rule) -> bool:
 def direct_convolutions(options: Options) -> bool:
     """Whether a graph compiled with `options` runs its convolutions on IREE's direct
     channels-last kernels (where the convolution rule applies): a CPU target with
-    AVX-512 among its targets."""
+    AVX-512 among its targets, and no preprocessing pipeline of the user's own (which
+    replaces the rule's)."""
     rule = next(r for r in RULES if r.family is Family.CONV2D)
+    if PREPROCESSING_FLAG in {_flag_name(f) for f in options.iree_flags}:
+        return False
     return options.codegen is not Codegen.NONE and Target.CPU in (options.target, *options.targets) \
         and _cpu_has(options, rule)
 
