@@ -168,13 +168,19 @@ def _conv_family(node: torch.fx.Node) -> Family | None:
     return Family.CONV2D if groups == 1 else Family.GROUPED_CONV
 
 
+def conv_flop(out_shape, weight_shape) -> float:
+    """A convolution's multiply-adds, counted twice: each output element reads its
+    group's input channels through the whole kernel (weight [O, C/groups, *kernel])."""
+    return 2.0 * math.prod(out_shape) * math.prod(weight_shape[1:])
+
+
 def _flops(node: torch.fx.Node) -> float:
     out = _shape(node)
     if out is None:
         return 0.0
     if node.target is _aten.convolution.default:
         weight = _shape(node.args[1])
-        return 2.0 * math.prod(out) * math.prod(weight[1:]) if weight else 0.0
+        return conv_flop(out, weight) if weight else 0.0
     # A matmul's reduction size is its first matrix operand's last dim.
     first = _shape(node.args[1] if node.target in (_aten.addmm.default, _aten.baddbmm.default) else node.args[0])
     return 2.0 * math.prod(out) * first[-1] if first else 0.0

@@ -29,6 +29,7 @@ import torch
 from tori.frontend.decomp.pytorch import window_extent
 from tori.frontend.decompositions import register_decomposition
 from tori.frontend.quantized import integer_grouped_convolution, quantized_convolution
+from tori.targets.codegen import conv_flop
 
 aten = torch.ops.aten
 
@@ -70,9 +71,8 @@ def _split_per_group(x: torch.Tensor, weight: torch.Tensor, stride, padding, dil
     out_channels, per_group, kh, kw = weight.shape
     if x.dtype != torch.float32 or per_group == 1 or groups > MAX_SPLIT_GROUPS:
         return False
-    out_h, out_w = _output_size(x, (kh, kw), stride, padding, dilation)
-    gflop = 2 * x.shape[0] * out_h * out_w * out_channels * per_group * kh * kw / 1e9
-    return gflop >= SPLIT_MIN_GFLOP and _direct_convolutions()
+    out = (x.shape[0], out_channels, *_output_size(x, (kh, kw), stride, padding, dilation))
+    return conv_flop(out, weight.shape) / 1e9 >= SPLIT_MIN_GFLOP and _direct_convolutions()
 
 
 def _taps(x: torch.Tensor, kernel, stride, padding, dilation):
