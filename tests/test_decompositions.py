@@ -172,3 +172,31 @@ def test_float_floor_division_and_fmod_have_eager_special_values():
     for a, e in zip(torch.compile(fn, backend="tori", options={"fallback": "error"})(x, y), fn(x, y)):
         torch.testing.assert_close(a, e, equal_nan=True, rtol=0, atol=0)
         assert torch.equal(torch.signbit(a)[~e.isnan()], torch.signbit(e)[~e.isnan()])  # -0.0 too
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=str)
+def test_comparisons_with_a_number_cast_it_to_the_tensors_dtype(dtype):
+    # float32(0.1) == 0.1 was False and float32(0.1) > 0.1 True: Torch-MLIR compared in
+    # float64, where eager casts the number to the tensor's dtype.
+    x = torch.tensor([0.1, 0.2, 0.3, 0.7, -0.1, 6.0], dtype=dtype)
+    fn = lambda x: (x > 0.1, x == 0.2, x >= 0.3, x != 0.7, x <= 0.1, x < -0.1,  # noqa: E731
+                    (x * 10).to(torch.int32) < 2.5, x.bool() == 0.5, torch.nn.functional.threshold(x, 0.2, -1.0))
+    for actual, expected in zip(assert_matches_eager(fn, x), fn(x)):
+        assert torch.equal(actual, expected)
+
+
+def test_hardswish_stays_in_float32_through_irees_input_lowering():
+    # MobileNetV3's hardswish compared its float32 values widened to float64 with 0.0
+    # and 6.0; fused into a data-tiled dispatch those vectors could pass IREE's size
+    # limit (with dump_dir set, the network compiled again on the other data-tiling path).
+    import subprocess
+
+    from tori.targets.iree_compile import iree_compile_tool
+
+    with torch.no_grad():
+        assert_matches_eager(torch.nn.Hardswish(), torch.randn(4, 64), options={"cache": False})
+    graph = tori.last_compile().graphs[0]
+    flags = [f for f in graph.iree_invocation.flags if f.startswith("--iree-input")]
+    lowered = subprocess.run([iree_compile_tool(), "-", *flags, "--compile-to=input"], input=graph.iree_bytecode,
+                             capture_output=True, check=True).stdout.decode()
+    assert "arith.cmpf" in lowered and "f64" not in lowered, lowered

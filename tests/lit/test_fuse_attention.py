@@ -1,13 +1,30 @@
 """FileCheck tests of tori-fuse-attention: attention written out op by op in, one
 scaled_dot_product_attention out; and the forms that must stay as they are."""
 
+import pytest
+
 PIPELINE = "tori-fuse-attention"
 
 T4 = "!torch.vtensor<[1,2,4,8],f32>"
 S4 = "!torch.vtensor<[1,2,4,4],f32>"
 
 
-def attention(mask: str = "", softmax_dim: str = "%int-1", safe: bool = False, args: str = "",
+# The safe softmax's test for rows of -inf: against the number, or against a 0-d
+# float32 literal (frontend/decomp/comparisons.py), or the scalar_tensor that folds to it.
+SAFE_COMPARISONS = {
+    "number": "%eq = torch.aten.eq.Scalar {scores}, %ninf : {S4}, !torch.float -> !torch.vtensor<[1,2,4,4],i1>",
+    "literal": "%lit = torch.vtensor.literal(dense<0xFF800000> : tensor<f32>) : !torch.vtensor<[],f32>\n"
+               "          %eq = torch.aten.eq.Tensor {scores}, %lit : {S4}, !torch.vtensor<[],f32> -> "
+               "!torch.vtensor<[1,2,4,4],i1>",
+    "scalar_tensor": "%int6 = torch.constant.int 6\n"
+                     "          %st = torch.aten.scalar_tensor %ninf, %int6, %none, %none, %none : !torch.float, "
+                     "!torch.int, !torch.none, !torch.none, !torch.none -> !torch.vtensor<[],f32>\n"
+                     "          %eq = torch.aten.eq.Tensor {scores}, %st : {S4}, !torch.vtensor<[],f32> -> "
+                     "!torch.vtensor<[1,2,4,4],i1>",
+}
+
+
+def attention(mask: str = "", softmax_dim: str = "%int-1", safe: bool | str = False, args: str = "",
               scale: str = "torch.aten.div.Scalar %qk4, %float2 : {S4}, !torch.float -> {S4}",
               extra_results: str = "", extra_types: str = "") -> str:
     """q @ k^T / 2, an optional mask, softmax, @ v: as AOTAutograd writes a
@@ -19,7 +36,7 @@ def attention(mask: str = "", softmax_dim: str = "%int-1", safe: bool = False, a
         probs = "%safe"
         safe_ops = f"""
           %ninf = torch.constant.float 0xFFF0000000000000
-          %eq = torch.aten.eq.Scalar {scores}, %ninf : {S4}, !torch.float -> !torch.vtensor<[1,2,4,4],i1>
+          {SAFE_COMPARISONS["number" if safe is True else safe].format(scores=scores, S4=S4)}
           %all = torch.aten.all.dim %eq, %int-1, %true : !torch.vtensor<[1,2,4,4],i1>, !torch.int, !torch.bool -> !torch.vtensor<[1,2,4,1],i1>
           %zeros = torch.aten.full_like %p, %int0, %none, %none, %none, %false, %none : {S4}, !torch.int, !torch.none, !torch.none, !torch.none, !torch.bool, !torch.none -> {S4}
           %safe = torch.aten.where.self %all, %zeros, %p : !torch.vtensor<[1,2,4,1],i1>, {S4}, {S4} -> {S4}"""
@@ -102,8 +119,9 @@ def test_masked_fill_with_minus_inf_becomes_a_negated_boolean_mask(filecheck):
     """)
 
 
-def test_safe_softmax_without_a_mask_is_fused(filecheck):
-    filecheck(attention(safe=True), """
+@pytest.mark.parametrize("comparison", SAFE_COMPARISONS)
+def test_safe_softmax_without_a_mask_is_fused(filecheck, comparison):
+    filecheck(attention(safe=comparison), """
         # CHECK:     torch.aten.scaled_dot_product_attention
         # CHECK-NOT: torch.aten.all.dim
         # CHECK-NOT: torch.aten.where.self

@@ -125,16 +125,6 @@ def _where_of_one_value(op, condition, a, b):
     return a.expand(torch.broadcast_shapes(condition.shape, a.shape))
 
 
-# A bool tensor compared with a number that is not a bool: eager compares in the
-# number's type (False > -1 is True); IREE's lowering truncated the number to i1.
-@register_decomposition(aten.lt.Scalar, aten.le.Scalar, aten.gt.Scalar, aten.ge.Scalar, aten.eq.Scalar,
-                        aten.ne.Scalar)
-def _bool_compared_with_a_number(op, x, number):
-    if x.dtype != torch.bool or isinstance(number, bool):
-        return NotImplemented
-    return op(x.to(torch.int64 if isinstance(number, int) else torch.get_default_dtype()), number)
-
-
 # A sum of bools is a bool: eager's True + True is True (an or); IREE added the i1
 # values and kept the low bit (False; found by `make fuzz`, values, seed 1).
 @register_decomposition(aten.add.Tensor, aten.add.Scalar)

@@ -213,6 +213,17 @@ def _check_mask(mask: ir.Value, scores: m.TensorType, float_dtype: str | None) -
             raise NoMatch("mask does not broadcast")
 
 
+def _compared_with(eq: ir.Operation) -> float:
+    """The number an `eq` compares with: its number operand, or the 0-d tensor literal
+    that a float comparison with a number becomes (frontend/decomp/comparisons.py)."""
+    if eq.name == "torch.aten.eq.Scalar":
+        return m.number(eq.operands[1])
+    if m.expect_type(eq.operands[1]).rank != 0:
+        raise NoMatch("eq with a tensor")
+    made = m.producer(eq.operands[1], "torch.aten.scalar_tensor")  # before tori-fold-constants
+    return m.number(made.operands[0]) if made is not None else m.splat_float(eq.operands[1])
+
+
 def _probabilities(probs: ir.Value, match: _Match) -> ir.Value:
     """The scores that a last-dim softmax (optionally the safe form) turns into probs."""
     where = m.producer(probs, "torch.aten.where.self")
@@ -225,8 +236,8 @@ def _probabilities(probs: ir.Value, match: _Match) -> ir.Value:
         elif m.splat_float(zeros) != 0:  # the full_like, folded by tori-fold-constants
             raise NoMatch("safe softmax fill")
         all_op = m.expect(cond, "torch.aten.all.dim")
-        eq = m.expect(all_op.operands[0], "torch.aten.eq.Scalar")
-        if m.number(eq.operands[1]) != _NEG_INF or m.constant(all_op.operands[2]) is not True:
+        eq = m.expect(all_op.operands[0], "torch.aten.eq.Scalar", "torch.aten.eq.Tensor")
+        if _compared_with(eq) != _NEG_INF or m.constant(all_op.operands[2]) is not True:
             raise NoMatch("safe softmax condition")
         match.ops.extend([where, all_op, eq] + ([fill] if fill is not None else []))
         match.safe_softmax = True
@@ -236,7 +247,7 @@ def _probabilities(probs: ir.Value, match: _Match) -> ir.Value:
     if m.normalize_dim(m.constant(softmax.operands[1]), rank) != rank - 1 or m.constant(softmax.operands[2]):
         raise NoMatch("softmax dim or half_to_float")
     if match.safe_softmax:
-        eq_input = next(op for op in match.ops if op.name == "torch.aten.eq.Scalar").operands[0]
+        eq_input = next(op for op in match.ops if op.name.startswith("torch.aten.eq.")).operands[0]
         all_op = next(op for op in match.ops if op.name == "torch.aten.all.dim")
         all_dim = m.normalize_dim(m.constant(all_op.operands[1]), rank)
         if eq_input != softmax.operands[0] or all_dim != rank - 1:

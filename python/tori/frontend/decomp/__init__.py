@@ -17,6 +17,7 @@ from tori.frontend.decomp import view_scatter  # noqa: F401
 from tori.frontend.decomp import factories  # noqa: F401
 from tori.frontend.decomp import logarithms  # noqa: F401
 from tori.frontend.decomp import floating  # noqa: F401
+from tori.frontend.decomp import comparisons  # noqa: F401
 from tori.frontend.decomp import gamma  # noqa: F401
 from tori.frontend.decomp import error_functions  # noqa: F401
 from tori.frontend.decomp import nonzero  # noqa: F401
