@@ -26,7 +26,7 @@ demo: $(STAMP)
 
 # The suite in TEST_WORKERS processes (pytest-xdist); tests marked with one `xdist_group`
 # run in the same worker, one after another. The 20 slowest are listed at the end: the
-# suite is to stay under 25 minutes on 2 cores (it took 29.6 on 2026-12-04). Three
+# suite is to stay under 25 minutes on 2 cores (it took 30.8 on 2026-12-04). Three
 # workers on two cores were slower.
 TEST_WORKERS ?= 2
 test: $(STAMP)
