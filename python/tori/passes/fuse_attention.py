@@ -213,15 +213,12 @@ def _check_mask(mask: ir.Value, scores: m.TensorType, float_dtype: str | None) -
             raise NoMatch("mask does not broadcast")
 
 
-def _compared_with(eq: ir.Operation) -> float:
-    """The number an `eq` compares with: its number operand, or the 0-d tensor literal
-    that a float comparison with a number becomes (frontend/decomp/comparisons.py)."""
+def _compares_with_neg_inf(eq: ir.Operation) -> bool:
+    """Whether an `eq` compares with -inf: its number operand, or the 0-d tensor that a
+    float comparison with a number becomes (frontend/decomp/comparisons.py)."""
     if eq.name == "torch.aten.eq.Scalar":
-        return m.number(eq.operands[1])
-    if m.expect_type(eq.operands[1]).rank != 0:
-        raise NoMatch("eq with a tensor")
-    made = m.producer(eq.operands[1], "torch.aten.scalar_tensor")  # before tori-fold-constants
-    return m.number(made.operands[0]) if made is not None else m.splat_float(eq.operands[1])
+        return m.number(eq.operands[1]) == _NEG_INF
+    return _is_neg_inf(eq.operands[1])
 
 
 def _probabilities(probs: ir.Value, match: _Match) -> ir.Value:
@@ -237,7 +234,7 @@ def _probabilities(probs: ir.Value, match: _Match) -> ir.Value:
             raise NoMatch("safe softmax fill")
         all_op = m.expect(cond, "torch.aten.all.dim")
         eq = m.expect(all_op.operands[0], "torch.aten.eq.Scalar", "torch.aten.eq.Tensor")
-        if _compared_with(eq) != _NEG_INF or m.constant(all_op.operands[2]) is not True:
+        if not _compares_with_neg_inf(eq) or m.constant(all_op.operands[2]) is not True:
             raise NoMatch("safe softmax condition")
         match.ops.extend([where, all_op, eq] + ([fill] if fill is not None else []))
         match.safe_softmax = True
