@@ -211,3 +211,43 @@ def test_int8_matmuls_are_matmuls():
     assert uses[Family.MATMUL].gflop == pytest.approx(2 * 64 * 1024 * 512 / 1e9)
     assert choose(_aten_graph(IntMatmul(), a, b), Options(), (Target.CPU,)).flags_for(Target.CPU) == (
         "--iree-opt-data-tiling=true",)
+
+
+class _DecodingAttention(nn.Module):
+    """One decoding step's attention: two query rows per key/value head (shared heads)
+    against a cache of 512 positions, scaled, softmaxed, times the values."""
+
+    def forward(self, q, k, v):
+        return torch.bmm(torch.softmax(torch.bmm(q, k.transpose(1, 2)) * 0.125, -1), v)
+
+
+def _decoding_inputs(rows: int = 2):
+    torch.manual_seed(0)
+    return torch.randn(4, rows, 64), torch.randn(4, 512, 64), torch.randn(4, 512, 64)
+
+
+def test_narrow_batched_matmuls_get_toris_tiles():
+    uses = {u.family: u for u in op_families(_aten_graph(_DecodingAttention(), *_decoding_inputs()))}
+    assert set(uses) == {Family.NARROW_BATCH_MATMUL} and uses[Family.NARROW_BATCH_MATMUL].ops == 2
+    flags = choose(_aten_graph(_DecodingAttention(), *_decoding_inputs()), Options(), (Target.CPU,)).flags_for(
+        Target.CPU)
+    assert len(flags) == 1 and flags[0].startswith("--iree-preprocessing-transform-spec-filename=")
+    spec = flags[0].split("=", 1)[1]
+    text = open(spec).read()
+    assert text.count("#iree_codegen.compilation_info<") == 6 and "@rows2_transposed -> @dot2" in text
+    # Sixteen rows per batch is a prefill's attention: IREE's data-tiled matmul.
+    wide = {u.family for u in op_families(_aten_graph(_DecodingAttention(), *_decoding_inputs(16)))}
+    assert wide == {Family.MATMUL}
+
+
+@pytest.mark.parametrize("codegen", ["auto", "none"])
+def test_data_tiling_does_not_repack_a_cache_for_narrow_matmuls(codegen):
+    # With data tiling, IREE packs a batched matmul's operands into its tiled layout;
+    # the cache, an input, was packed on every call (an `_encoding_..._encode_4x512x64`
+    # executable). tori's tiles keep data tiling off the narrow matmuls.
+    q, k, v = _decoding_inputs()
+    options = {"codegen": codegen, "cache": False, "iree_flags": ("--iree-opt-data-tiling=true",)}
+    assert_matches_eager(_DecodingAttention(), q, k, v, options=options, rtol=1e-4, atol=1e-5)
+    vmfb = tori.last_compile().graphs[0].stages["vmfb"]
+    assert b"batch_matmul_4x2x512x64" in vmfb and b"batch_matmul_4x2x64x512" in vmfb
+    assert (b"encode_4x512x64" in vmfb) is (codegen == "none")

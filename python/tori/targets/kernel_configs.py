@@ -1,0 +1,137 @@
+"""Kernel configurations tori gives IREE's CPU code generation for ops whose default
+lowering it beats, as a transform-dialect spec generated here and run by IREE's
+preprocessing (`--iree-preprocessing-transform-spec-filename`).
+
+Each configuration matches one kind of linalg op and annotates it with a
+`compilation_info` (its tile sizes and pipeline). IREE then lowers the op with those
+tiles, and its data tiling leaves the op alone (IREE sets no encoding on an op with a
+preset strategy).
+
+Narrow batched matmuls, at most NARROW_ROWS rows per batch, are the attention of a
+decoding step: the few query rows of each key/value head against the whole cache.
+With data tiling, IREE re-packed both caches into its tiled layout on every call, a
+copy of the cache per layer: in the static-cache step of a 4-layer Llama with 2048
+cached positions those copies took 1.97 of its 6.26 ms of dispatches. Without data
+tiling IREE's default tiles read the cache at 4-8 GB/s. Two layouts:
+
+- `dot`: the right operand transposed, the keys read along their rows (q @ k^T);
+  the rows' dot products run 16 elements at a time;
+- `axpy`: the right operand as stored, the values read row by row (p @ v); each row
+  of the cache updates 64 outputs at once.
+
+The spec is written once per content into tori's temporary folder; its name carries
+its hash, so that the compile cache's key (which holds the flags) changes with it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+SPEC_FLAG = "--iree-preprocessing-transform-spec-filename"
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """IREE CPU tile sizes for one kind of op: per loop (batch, rows, columns, reduction)
+    of a batched matmul, the workgroup's tile, the vector tile and the reduction step."""
+
+    name: str
+    matcher: str  # the named sequence that matches the op
+    matchers: tuple[str, ...]  # the sources of the named sequences it needs, itself included
+    distribution: tuple[int, ...]
+    vector: tuple[int, ...]
+    reduction: tuple[int, ...]
+
+    def compilation_info(self) -> str:
+        def ints(values):
+            return ", ".join(str(v) for v in values)
+
+        return ("#iree_codegen.compilation_info<lowering_config = #iree_cpu.lowering_config<"
+                f"distribution = [{ints(self.distribution)}], vector_common_parallel = [{ints(self.vector)}], "
+                f"vector_reduction = [{ints(self.reduction)}]>, translation_info = "
+                "#iree_codegen.translation_info<pipeline = #iree_cpu.pipeline<DoubleTilingExpert>>>")
+
+
+# The rows per batch of the batched matmuls that get the narrow configurations: a
+# decoding step's query rows per key/value head (1 without shared heads, 2 and 4 for
+# 8 query heads on 4 and 2 key/value heads), the ones measured.
+NARROW_ROWS = (1, 2, 4)
+
+
+def _rows(rows: int) -> str:
+    """@rows{N}: a linalg.batch_matmul with N rows per batch."""
+    return f"""
+  transform.named_sequence @rows{rows}(%op: !transform.any_op {{transform.readonly}}) -> !transform.any_op {{
+    transform.match.operation_name %op ["linalg.batch_matmul"] : !transform.any_op
+    %rows = transform.match.structured %op : (!transform.any_op) -> !transform.param<i64> {{
+    ^bb0(%s: !transform.any_op):
+      %d = transform.match.structured.dim %s[1] : (!transform.any_op) -> !transform.param<i64>
+      transform.match.structured.yield %d : !transform.param<i64>
+    }}
+    %want = transform.param.constant {rows} : i64 -> !transform.param<i64>
+    transform.match.param.cmpi eq %rows, %want : !transform.param<i64>
+    transform.yield %op : !transform.any_op
+  }}"""
+
+
+def _rows_transposed(rows: int) -> str:
+    """@rows{N}_transposed: one whose right operand is a transpose (keys read along their rows)."""
+    return f"""
+  transform.named_sequence @rows{rows}_transposed(%op: !transform.any_op {{transform.readonly}}) -> !transform.any_op {{
+    %narrow = transform.include @rows{rows} failures(propagate) (%op) : (!transform.any_op) -> !transform.any_op
+    %rhs = transform.get_producer_of_operand %op[1] : (!transform.any_op) -> !transform.any_op
+    transform.match.operation_name %rhs ["linalg.transpose"] : !transform.any_op
+    transform.yield %op : !transform.any_op
+  }}"""
+
+
+def _narrow(rows: int) -> tuple[KernelConfig, ...]:
+    # A workgroup takes all the rows and 64 columns; the vector tile takes two rows
+    # where there are two or more.
+    both = min(rows, 2)
+    return (KernelConfig(f"dot{rows}", f"rows{rows}_transposed", (_rows(rows), _rows_transposed(rows)),
+                         distribution=(1, rows, 64, 0), vector=(1, both, 4, 0), reduction=(0, 0, 0, 16)),
+            KernelConfig(f"axpy{rows}", f"rows{rows}", (_rows(rows),),
+                         distribution=(1, rows, 64, 0), vector=(1, both, 64, 0), reduction=(0, 0, 0, 4)))
+
+
+# In match order: an op takes the first configuration whose matcher accepts it.
+NARROW_BATCH_MATMUL = tuple(c for rows in NARROW_ROWS for c in _narrow(rows))
+
+
+def spec_text(configs: tuple[KernelConfig, ...]) -> str:
+    """The transform-dialect module that annotates the ops `configs` match."""
+    actions = "".join(f"""
+  transform.named_sequence @{c.name}(%op: !transform.any_op {{transform.readonly}}) {{
+    %info = transform.param.constant {c.compilation_info()} -> !transform.any_param
+    transform.annotate %op "compilation_info" = %info : !transform.any_op, !transform.any_param
+    transform.yield
+  }}""" for c in configs)
+    matchers = "".join(dict.fromkeys(m for c in configs for m in c.matchers))
+    pairs = ", ".join(f"@{c.matcher} -> @{c.name}" for c in configs)
+    return f"""module attributes {{transform.with_named_sequence}} {{{matchers}{actions}
+  transform.named_sequence @__transform_main(%module: !transform.any_op {{transform.consumed}}) {{
+    %done = transform.foreach_match in %module {pairs} : (!transform.any_op) -> !transform.any_op
+    transform.yield
+  }}
+}}
+"""
+
+
+def spec_path(configs: tuple[KernelConfig, ...]) -> Path:
+    """The spec of `configs` as a file (written once, atomically, under tori's temporary
+    folder), for iree-compile's SPEC_FLAG."""
+    text = spec_text(configs)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    folder = Path(tempfile.gettempdir()) / "tori-kernel-configs"
+    path = folder / f"spec-{digest}.mlir"
+    if not path.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        partial = folder / f".{path.name}.{os.getpid()}"
+        partial.write_text(text)
+        os.replace(partial, path)
+    return path
