@@ -12,7 +12,7 @@ decoding step: the few query rows of each key/value head against the whole cache
 With data tiling, IREE re-packed both caches into its tiled layout on every call, a
 copy of the cache per layer: in the static-cache step of a 4-layer Llama with 2048
 cached positions those copies took 1.97 of its 6.26 ms of dispatches. Without data
-tiling IREE's default tiles read the cache at 4-8 GB/s. Two layouts:
+tiling IREE's default tiles read the cache at 7-15 GB/s. Two layouts:
 
 - `dot`: the right operand transposed, the keys read along their rows (q @ k^T);
   the rows' dot products run 16 elements at a time;
