@@ -71,3 +71,20 @@ def test_grouped_query_attention_compiles_without_copies_of_the_heads():
     assert_matches_eager(_attention, *_inputs(length=1, cached=40), rtol=1e-5, atol=1e-5)
     aten_code = tori.last_compile().stages["aten"]
     assert "aten.clone" not in aten_code and aten_code.count("aten.bmm") == 2, aten_code
+
+
+def test_one_key_value_head_is_read_once_for_every_query_head():
+    # Multi-query attention: with one key/value head the repeat is a view of an expand
+    # (no copy), which the batched matmuls read as one copy per query head: the keys
+    # through a broadcast operand, the values through `aten.matmul`'s own clone.
+    q, k, v, mask = _inputs(length=1, cached=40)
+    args = (q, k[:, :1].contiguous(), v[:, :1].contiguous(), mask)
+    gm = make_fx(_attention, tracing_mode="fake")(*args)
+    assert _clones(gm) == 1
+    assert share_repeated_heads(gm) == 2
+    gm.graph.lint()
+    assert _clones(gm) == 0, gm.code
+    shapes = [list(n.meta["val"].shape) for n in gm.graph.nodes if n.target is aten.bmm.default]
+    assert shapes == [[2, 8, 40], [2, 8, 16]]  # 2 images, 8 query heads x 1 row each
+    torch.testing.assert_close(gm(*args), _attention(*args), rtol=1e-6, atol=1e-6)
+    assert_matches_eager(_attention, *args, rtol=1e-5, atol=1e-5)

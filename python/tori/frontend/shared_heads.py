@@ -49,7 +49,8 @@ def _repeat(node) -> tuple[torch.fx.Node, int] | None:
         return None
     copy = node.args[0]
     expand = copy.args[0] if is_call(copy, aten.clone.default) and _only_user(copy, node) else copy
-    if not is_call(expand, aten.expand.default) or not _only_user(expand, copy):
+    # With one key/value head the view needs no copy: view(expand(unsqueeze(Y, 2))).
+    if not is_call(expand, aten.expand.default) or not _only_user(expand, node if expand is copy else copy):
         return None
     unsqueeze = expand.args[0]
     if not is_call(unsqueeze, aten.unsqueeze.default) or unsqueeze.args[1] != 2 or not _only_user(unsqueeze, expand):
@@ -91,18 +92,21 @@ def _shared(graph: torch.fx.Graph, node, user) -> tuple[torch.fx.Node, int, floa
     return None
 
 
-def _batched(node, user) -> tuple[torch.fx.Node, list[int]] | None:
-    """(X, shape of X) where `node`, read only by `user`, is view(expand(X, shape of X), [B*H, m, n])."""
-    if not is_call(node, aten.view.default) or not _only_user(node, user):
+def _batched(node, user) -> tuple[torch.fx.Node, list[int], torch.fx.Node] | None:
+    """(X, shape of X, the expand) where `node`, read only by `user`, is view(expand(X, shape of X), [B*H, m, n]),
+    or _unsafe_view(clone(expand(...))), `aten.matmul`'s form where X is not laid out for a view."""
+    if not (is_call(node, aten.view.default) or is_call(node, aten._unsafe_view.default)) or not _only_user(node, user):
         return None
-    expand = node.args[0]
-    if not is_call(expand, aten.expand.default) or not _only_user(expand, node):
+    reader, expand = node, node.args[0]
+    if is_call(expand, aten.clone.default) and _only_user(expand, node):
+        reader, expand = expand, expand.args[0]
+    if not is_call(expand, aten.expand.default) or not _only_user(expand, reader):
         return None
     shape, result = static_shape(expand.args[0]), static_shape(node)
     if shape is None or result is None or len(shape) != 4 or static_shape(expand) != shape \
             or result != [shape[0] * shape[1], shape[2], shape[3]]:
         return None
-    return expand.args[0], shape
+    return expand.args[0], shape, expand
 
 
 def _flat(graph: torch.fx.Graph, node, shape: list[int], like) -> torch.fx.Node:
@@ -128,10 +132,10 @@ def _rewrite(graph: torch.fx.Graph, bmm: torch.fx.Node) -> bool:
     left, right = _batched(lhs, bmm), _batched(rhs, bmm)
     if left is None or right is None:
         return False
-    (a, (b, heads, rows, inner)), (r, (images, repeated_heads, _, cols)) = left, right
+    (a, (b, heads, rows, inner), _), (r, (images, repeated_heads, _, cols), expand) = left, right
     if (images, repeated_heads) != (b, heads):  # the same batch split into images and heads on both sides
         return False
-    shared = _shared(graph, r, rhs.args[0])
+    shared = _shared(graph, r, expand)
     if shared is None:
         return False
     y, g, scale = shared
