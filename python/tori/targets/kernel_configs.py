@@ -7,8 +7,10 @@ Each configuration matches one kind of linalg op and annotates it with a
 tiles, and its data tiling leaves the op alone (IREE sets no encoding on an op with a
 preset strategy).
 
-Narrow batched matmuls, at most NARROW_ROWS rows per batch, are the attention of a
-decoding step: the few query rows of each key/value head against the whole cache.
+Narrow batched matmuls, with NARROW_ROWS rows per batch, are the attention of a
+decoding step: the few query rows of each key/value head against the whole cache. (A
+grouped convolution's taps with 1, 2 or 4 output channels per group also have that
+form, its columns an input packed per call like a cache.)
 With data tiling, IREE re-packed both caches into its tiled layout on every call, a
 copy of the cache per layer: in the static-cache step of a 4-layer Llama with 2048
 cached positions those copies took 1.97 of its 6.26 ms of dispatches. Without data
