@@ -26,8 +26,8 @@ demo: $(STAMP)
 
 # The suite in TEST_WORKERS processes (pytest-xdist); tests marked with one `xdist_group`
 # run in the same worker, one after another. The 20 slowest are listed at the end: the
-# suite is to stay under 25 minutes on 2 cores (it took 30.8 on 2026-12-04). Three
-# workers on two cores were slower.
+# suite is to stay under 25 minutes on 2 cores (23.6 on 2026-12-04 on a quiet host,
+# 27.5-30.8 on busier ones). Three workers on two cores were slower.
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	bash tests/setup/system-packages.sh
