@@ -19,6 +19,15 @@ def run_ir(source: str, pipeline: str) -> str:
     return str(module)
 
 
+def check_output(output: str, checks: str, folder) -> None:
+    """FileCheck `checks` against `output` (files written under `folder`)."""
+    checks_file, output_file = folder / "checks", folder / "output.mlir"
+    checks_file.write_text(textwrap.dedent(checks))
+    output_file.write_text(output)
+    matcher = Matcher.from_opts(FileCheckOptions(match_filename=str(checks_file), input_file=str(output_file)))
+    assert matcher.run() == 0, f"FileCheck failed (report in the captured stderr) on:\n{output}"
+
+
 @pytest.fixture
 def filecheck(tmp_path, request):
     """check(source, checks, pipeline=...): run `pipeline` (default: the test module's
@@ -26,11 +35,7 @@ def filecheck(tmp_path, request):
 
     def check(source: str, checks: str, pipeline: str | None = None) -> str:
         output = run_ir(source, pipeline if pipeline is not None else request.module.PIPELINE)
-        checks_file, output_file = tmp_path / "checks", tmp_path / "output.mlir"
-        checks_file.write_text(textwrap.dedent(checks))
-        output_file.write_text(output)
-        matcher = Matcher.from_opts(FileCheckOptions(match_filename=str(checks_file), input_file=str(output_file)))
-        assert matcher.run() == 0, f"FileCheck failed (report in the captured stderr) on:\n{output}"
+        check_output(output, checks, tmp_path)
         return output
 
     return check

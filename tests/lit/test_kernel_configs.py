@@ -3,12 +3,10 @@ preprocessing interpreter over linalg: narrow batched matmuls get their tiles by
 layout and row count; a wider one is left to IREE."""
 
 import subprocess
-import textwrap
 
-from filecheck.matcher import Matcher
 from iree.compiler.tools.binaries import find_tool
-from filecheck.options import Options as FileCheckOptions
 
+from lit.conftest import check_output
 from tori.targets.kernel_configs import NARROW_BATCH_MATMUL, spec_path
 
 
@@ -56,8 +54,4 @@ def test_narrow_batch_matmuls_get_tiles_by_layout_and_rows(tmp_path):
     pipeline = f"builtin.module(iree-preprocessing-transform-interpreter{{transform-spec-path={spec_path(NARROW_BATCH_MATMUL)}}})"
     done = subprocess.run([find_tool("iree-opt"), str(source), f"--pass-pipeline={pipeline}"], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
-    checks, output = tmp_path / "checks", tmp_path / "output.mlir"
-    checks.write_text(textwrap.dedent(CHECKS))
-    output.write_text(done.stdout)
-    matcher = Matcher.from_opts(FileCheckOptions(match_filename=str(checks), input_file=str(output)))
-    assert matcher.run() == 0, f"FileCheck failed (report in the captured stderr) on:\n{done.stdout}"
+    check_output(done.stdout, CHECKS, tmp_path)

@@ -91,7 +91,7 @@ def _rows_transposed(rows: int) -> str:
   }}"""
 
 
-def _narrow(rows: int) -> tuple[KernelConfig, ...]:
+def _narrow_configs(rows: int) -> tuple[KernelConfig, ...]:
     # A workgroup takes all the rows and 64 columns; the vector tile takes two rows
     # where there are two or more.
     both = min(rows, 2)
@@ -102,7 +102,7 @@ def _narrow(rows: int) -> tuple[KernelConfig, ...]:
 
 
 # In match order: an op takes the first configuration whose matcher accepts it.
-NARROW_BATCH_MATMUL = tuple(c for rows in NARROW_ROWS for c in _narrow(rows))
+NARROW_BATCH_MATMUL = tuple(c for rows in NARROW_ROWS for c in _narrow_configs(rows))
 
 
 def spec_text(configs: tuple[KernelConfig, ...]) -> str:
