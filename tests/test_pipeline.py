@@ -319,6 +319,22 @@ def test_dump_dir_writes_every_stage(tmp_path):
     assert (graph_dir / f"{graph_dir.name}.vmfb").stat().st_size > 1000
 
 
+def test_iree_compile_runs_as_phases_that_verify_what_they_read():
+    # Three processes in a pipe: the input conversion verified after every pass, the
+    # later phases verified as each parses the module the one before it wrote.
+    assert_matches_eager(lambda x: x.exp() * 2, torch.randn(4), options={"cache": False})
+    phases = tori.last_compile().graphs[0].stages["iree"].split(" | ")
+    assert len(phases) == 3
+    assert "--compile-to=input" in phases[0] and "--verify" not in phases[0]
+    assert "--compile-to=executable-configurations" in phases[1] and "--verify=false" in phases[1]
+    assert "--compile-from=executable-configurations" in phases[2] and "--verify=false" in phases[2]
+    assert all(" - " in phase or phase.endswith(" -") for phase in phases[1:])  # each reads the pipe
+    # A user's own --verify makes it one process with exactly the user's flags.
+    assert_matches_eager(lambda x: x.exp() * 3, torch.randn(4), options={"cache": False, "iree_flags": "--verify=true"})
+    command = tori.last_compile().graphs[0].stages["iree"]
+    assert " | " not in command and "--verify=true" in command and "--compile-to" not in command
+
+
 def test_pipeline_option_runs_mlir_passes_at_the_tori_stage():
     assert_matches_eager(lambda x: (x + 0) * 1, torch.randn(4), options={"pipeline": "canonicalize"})
     record = tori.last_compile()
