@@ -335,6 +335,55 @@ def test_iree_compile_runs_as_phases_that_verify_what_they_read():
     assert " | " not in command and "--verify=true" in command and "--compile-to" not in command
 
 
+# Positions folded to a signed-integer resource blob, as tori folded GPT-2's before it
+# wrote integers inline: IREE's input conversion makes a signless copy of the blob that
+# iree-compile cannot write as bytecode ("cannot serialize resource").
+SIGNED_RESOURCE = """
+module {
+  "util.global"() {initial_value = #stream.parameter.named<"model"::"table"> : tensor<16x4xf32>, sym_name = "table", sym_visibility = "private", type = tensor<16x4xf32>} : () -> ()
+  func.func @main(%arg0: !torch.vtensor<[1,8,4],f32>) -> !torch.vtensor<[1,8,4],f32> {
+    %0 = torch.vtensor.literal(dense_resource<positions> : tensor<1x8xsi64>) : !torch.vtensor<[1,8],si64>
+    %1 = "util.global.load"() {global = @table} : () -> tensor<16x4xf32>
+    %2 = "torch_c.from_builtin_tensor"(%1) : (tensor<16x4xf32>) -> !torch.vtensor<[16,4],f32>
+    %int-1 = torch.constant.int -1
+    %false = torch.constant.bool false
+    %3 = torch.aten.embedding %2, %0, %int-1, %false, %false : !torch.vtensor<[16,4],f32>, !torch.vtensor<[1,8],si64>, !torch.int, !torch.bool, !torch.bool -> !torch.vtensor<[1,8,4],f32>
+    %int1 = torch.constant.int 1
+    %4 = torch.aten.add.Tensor %3, %arg0, %int1 : !torch.vtensor<[1,8,4],f32>, !torch.vtensor<[1,8,4],f32>, !torch.int -> !torch.vtensor<[1,8,4],f32>
+    return %4 : !torch.vtensor<[1,8,4],f32>
+  }
+}
+{-#
+  dialect_resources: {
+    builtin: {
+      positions: "POSITIONS"
+    }
+  }
+#-}
+""".replace("POSITIONS", "0x08000000" + "".join(i.to_bytes(8, "little").hex().upper() for i in range(8)))
+
+
+def test_a_module_that_cannot_go_between_phases_as_bytecode_goes_as_text(caplog):
+    import iree.runtime as rt
+
+    from tori.targets import Target
+    from tori.targets.build import compile_with_strategy
+
+    with caplog.at_level("INFO", logger="tori.compile"):
+        vmfb, used, _ = compile_with_strategy(SIGNED_RESOURCE.encode(), Options(), Target.CPU, None, graph="signed")
+    assert used.text_between and "--emit-mlir-bytecode" not in used.shell_command("in.mlir")
+    assert any("cannot serialize resource" in r.getMessage() for r in caplog.records)
+    table, x = torch.randn(16, 4), torch.randn(1, 8, 4)
+    index = rt.ParameterIndex()
+    index.add_buffer("table", table.numpy().tobytes())
+    config = rt.Config("local-sync")
+    instance = config.vm_instance
+    *_, module = rt.load_vm_modules(rt.create_io_parameters_module(instance, index.create_provider(scope="model")),
+                                    rt.create_hal_module(instance, config.device),
+                                    rt.VmModule.copy_buffer(instance, vmfb), config=config)
+    torch.testing.assert_close(torch.from_numpy(module.main(x.numpy()).to_host()), table[:8].unsqueeze(0) + x)
+
+
 def test_pipeline_option_runs_mlir_passes_at_the_tori_stage():
     assert_matches_eager(lambda x: (x + 0) * 1, torch.randn(4), options={"pipeline": "canonicalize"})
     record = tori.last_compile()

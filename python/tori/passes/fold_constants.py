@@ -293,8 +293,10 @@ def _tensor_attr(tensor: torch.Tensor, type_: _TensorType) -> ir.Attribute:
                   else ir.IntegerAttr.get(element, int(first)))
         return ir.DenseElementsAttr.get_splat(builtin, scalar)
     # IREE crashes iterating an i1 resource blob (ElementsAttr has no APInt iteration):
-    # booleans are always written inline.
-    if array.size <= INLINE_LIMIT or flat.dtype == torch.bool:
+    # booleans are always written inline. So are integers: the input conversion's
+    # signless copy of a signed resource blob cannot be written as bytecode, which
+    # iree-compile's phases hand on (targets/iree_compile.py, PHASES).
+    if array.size <= INLINE_LIMIT or flat.dtype == torch.bool or not flat.dtype.is_floating_point:
         return ir.DenseElementsAttr.get(array.reshape(type_.shape), type=builtin.element_type, shape=list(type_.shape))
     name = f"tori_folded_{'x'.join(map(str, type_.shape))}_{type_.vtensor_dtype}"
     return ir.DenseResourceElementsAttr.get_from_buffer(array.copy(), name, builtin)

@@ -13,7 +13,8 @@ from tori.config import Options
 from tori.errors import CompileError, OptionsError, UnsupportedOpError
 from tori.targets import SPECS, Target, spec
 from tori.targets.codegen import Strategy
-from tori.targets.iree_compile import IreeInvocation, compile_flags, compiled_in_backends, run_iree_compile
+from tori.targets.iree_compile import (IreeInvocation, compile_flags, compiled_in_backends, run_iree_compile,
+                                      unserializable)
 
 
 def compiled_targets(options: Options) -> tuple[Target, ...]:
@@ -93,10 +94,11 @@ _SCRATCH_REFUSALS = ("failed to hoist transient size computations",
 
 
 def invocation(options: Options, target: Target, extra: tuple[str, ...] = (),
-               codegen: Strategy | None = None) -> IreeInvocation:
+               codegen: Strategy | None = None, text_between: bool = False) -> IreeInvocation:
     """iree-compile for `target`: its flags, the code generation strategy's, the user's, then `extra`."""
     chosen = codegen.flags_for(target) if codegen is not None else ()
-    return IreeInvocation(tuple(compile_flags(target, target_arch(options, target), chosen + options.iree_flags + extra)))
+    return IreeInvocation(tuple(compile_flags(target, target_arch(options, target), chosen + options.iree_flags + extra)),
+                          text_between)
 
 
 log = logging.getLogger("tori.compile")
@@ -118,11 +120,15 @@ def compile_with_strategy(bytecode: bytes, options: Options, target: Target, str
             # An op IREE cannot lower, or a compile killed (past its time limit, or repeating
             # a diagnostic without end), fails with any flags.
             hopeless = isinstance(error, UnsupportedOpError) or error.reason.endswith("killed)")
+            if unserializable(error) and current.as_text_between() is not None:
+                log.info("tori: graph %s: %s; iree-compile's phases hand the module on as text", graph, error.reason)
+                current = current.as_text_between()
+                continue
             if SCRATCH_FLAG in extra and any(refusal in error.reason for refusal in _SCRATCH_REFUSALS):
                 log.info("tori: graph %s: iree-compile failed with scratch memory passed in (%s); compiling it to "
                          "allocate its own", graph, error.reason)
                 extra = tuple(flag for flag in extra if flag != SCRATCH_FLAG)
-                current = invocation(options, target, extra, strategy)
+                current = invocation(options, target, extra, strategy, current.text_between)
                 continue
             if strategy is None or not strategy.flags_for(target) or hopeless:
                 error.invocation = current  # for the repro command
@@ -133,7 +139,7 @@ def compile_with_strategy(bytecode: bytes, options: Options, target: Target, str
             log.warning("tori: graph %s: iree-compile failed with the code generation flags for %s (%s); compiling "
                         "with %s", graph, failed, error.reason,
                         "IREE's global-optimization data tiling" if strategy.rules else "IREE's defaults")
-            current = invocation(options, target, extra, strategy)
+            current = invocation(options, target, extra, strategy, current.text_between)
 
 
 class OtherTargets:

@@ -59,6 +59,12 @@ def compiled_in_backends() -> tuple[str, ...]:
 # where the next phase reads it; the module is the same (RegNetY's vmfb byte for byte;
 # its compile 19.2 s). A user's own --verify, --compile-from or --compile-to flag makes
 # it one process again, with exactly their flags.
+#
+# The phases hand the module on as bytecode. IREE 3.13 cannot write some modules as
+# bytecode: a `dense_resource` of signed integers that the input conversion makes
+# signless ("cannot serialize resource": GPT-2's folded position ids). Those go as
+# text, with their locations (`text_between`), which costs more on a large module
+# (RegNetY's 6 MB after the input conversion, against 126 KB of bytecode).
 PHASES = (
     ("--compile-to=input",),
     ("--compile-from=input", "--compile-to=executable-configurations", "--verify=false"),
@@ -72,6 +78,7 @@ class IreeInvocation:
     """One iree-compile run: flags and the input it reads, as the processes of PHASES."""
 
     flags: tuple[str, ...]
+    text_between: bool = False  # the phases hand the module on as text (see PHASES)
 
     def commands(self, input_path: str = "-", output_path: str = "-", tool: str | None = None) -> list[list[str]]:
         """The commands of the run, each reading the one before on its stdin."""
@@ -79,12 +86,25 @@ class IreeInvocation:
         if any(flag.startswith(_ONE_PROCESS_FLAGS) for flag in self.flags):
             return [[tool, input_path, *self.flags, "-o", output_path]]
         last = len(PHASES) - 1
+        between = ("--mlir-print-debuginfo",) if self.text_between else ("--emit-mlir-bytecode",)
         return [[tool, input_path if i == 0 else "-", *self.flags, *phase,
-                 *(("-o", output_path) if i == last else ("--emit-mlir-bytecode", "-o", "-"))]
+                 *(("-o", output_path) if i == last else (*between, "-o", "-"))]
                 for i, phase in enumerate(PHASES)]
+
+    def as_text_between(self) -> "IreeInvocation | None":
+        """The same run with the phases handing the module on as text; None when it
+        already does, or runs as one process."""
+        if self.text_between or len(self.commands(tool="iree-compile")) == 1:
+            return None
+        return IreeInvocation(self.flags, text_between=True)
 
     def shell_command(self, input_path: str, output_path: str = "module.vmfb") -> str:
         return " | ".join(shlex.join(command) for command in self.commands(input_path, output_path, "iree-compile"))
+
+
+def unserializable(error: CompileError) -> bool:
+    """Whether a phase failed to write the module as bytecode (see PHASES)."""
+    return "cannot serialize resource" in error.reason
 
 
 _OP_PATTERNS = (
