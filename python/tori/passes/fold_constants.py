@@ -46,9 +46,6 @@ log = logging.getLogger("tori.passes.fold_constants")
 # Elements in one folded result: above it the op stays, so that folding never blows
 # up the module (a broadcast of a scalar to a large shape is cheaper as an op).
 FOLD_LIMIT = 1 << 20
-# Up to this many elements a literal is written inline (`dense<[...]>`), readable
-# in the IR; larger ones go to a resource blob, as FxImporter writes them.
-INLINE_LIMIT = 16
 
 # vtensor dtype -> (torch dtype, builtin element type, numpy dtype of its bytes).
 # A dtype missing here (complex, float8, unsigned wider than 8 bits) is never folded.
@@ -281,7 +278,7 @@ def _matches(value: Any, kind: _TensorType | str) -> bool:
 
 
 def _tensor_attr(tensor: torch.Tensor, type_: _TensorType) -> ir.Attribute:
-    """A literal's value: a splat or a small tensor inline, a larger one as a resource blob."""
+    """A literal's value: a splat, or every element inline."""
     builtin = type_.builtin()
     flat = tensor.detach().contiguous().reshape(-1)
     bits = flat.view(torch.int16) if type_.vtensor_dtype == "bf16" else flat
@@ -292,14 +289,12 @@ def _tensor_attr(tensor: torch.Tensor, type_: _TensorType) -> ir.Attribute:
         scalar = (ir.FloatAttr.get(element, first) if flat.dtype.is_floating_point
                   else ir.IntegerAttr.get(element, int(first)))
         return ir.DenseElementsAttr.get_splat(builtin, scalar)
-    # IREE crashes iterating an i1 resource blob (ElementsAttr has no APInt iteration):
-    # booleans are always written inline. So are integers: the input conversion's
-    # signless copy of a signed resource blob cannot be written as bytecode, which
-    # iree-compile's phases hand on (targets/iree_compile.py, PHASES).
-    if array.size <= INLINE_LIMIT or flat.dtype == torch.bool or not flat.dtype.is_floating_point:
-        return ir.DenseElementsAttr.get(array.reshape(type_.shape), type=builtin.element_type, shape=list(type_.shape))
-    name = f"tori_folded_{'x'.join(map(str, type_.shape))}_{type_.vtensor_dtype}"
-    return ir.DenseResourceElementsAttr.get_from_buffer(array.copy(), name, builtin)
+    # Always inline, never a resource blob: IREE crashes iterating an i1 blob
+    # (ElementsAttr has no APInt iteration), and its input conversion copies other blobs
+    # into ones that iree-compile cannot write as bytecode, which its phases hand on
+    # (targets/iree_compile.py, PHASES: Llama's four identical causal masks, GPT-2's
+    # position ids).
+    return ir.DenseElementsAttr.get(array.reshape(type_.shape), type=builtin.element_type, shape=list(type_.shape))
 
 
 def _constant_op(value: Any, kind: _TensorType | str, result_type: ir.Type) -> ir.Operation:
