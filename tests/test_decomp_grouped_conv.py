@@ -69,7 +69,7 @@ def test_image_patches_are_a_matmul_and_padded_windows_stay_convolutions():
     split = direct_convolutions(Options())
     cases = [(torch.nn.Conv2d(3, 16, 4, stride=4), (2, 3, 16, 16), 1, 0),
              (torch.nn.Conv2d(5, 7, (2, 3), stride=(2, 3), bias=False), (1, 5, 9, 10), 1, 0),
-             (torch.nn.Conv2d(4, 6, 1, padding=1), (1, 4, 5, 5), 0, 1),
+             (torch.nn.Conv2d(4, 6, 1, padding=1), (1, 4, 46, 46), 0, 1),
              (torch.nn.Conv2d(128, 128, 1, groups=2), (1, 128, 56, 56), 2 if split else 0, 0)]
     for conv, shape, matmuls, convolutions in cases:
         with torch.no_grad():
@@ -144,9 +144,29 @@ def test_grouped_convolution_float16_and_gradients():
 
 def test_ordinary_convolution_is_left_to_iree():
     conv = torch.nn.Conv2d(3, 4, 3).eval()
-    with torch.no_grad():
-        assert_matches_eager(conv, torch.randn(1, 3, 8, 8), rtol=1e-4, atol=1e-5)
+    with torch.no_grad():  # 46x46 output pixels: more than SMALL_IMAGE_ROWS
+        assert_matches_eager(conv, torch.randn(1, 3, 48, 48), rtol=1e-4, atol=1e-5)
     assert "aten.convolution" in tori.last_compile().graphs[0].stages["aten"]
+
+
+@pytest.mark.parametrize("stride, padding, dilation, batch, bias", [
+    (1, 1, 1, 1, False),  # ResNet's 3x3 at 7x7
+    (2, 1, 1, 2, True),   # its first strided 3x3 of a stage
+    ((2, 1), (0, 2), (1, 2), 3, True),
+])
+def test_convolution_over_few_pixels_is_a_matmul_of_its_columns_where_direct_kernels_run(
+        stride, padding, dilation, batch, bias):
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(24, 40, 3, stride=stride, padding=padding, dilation=dilation, bias=bias).eval()
+    x = torch.randn(batch, 24, 9, 9)
+    with torch.no_grad():
+        assert_matches_eager(conv, x, rtol=1e-4, atol=1e-4)
+    aten_code = tori.last_compile().graphs[0].stages["aten"]
+    direct = direct_convolutions(Options())
+    assert (aten_code.count("aten.mm.default("), aten_code.count("aten.convolution.default(")) == (
+        (1, 0) if direct else (0, 1))
+    # The columns read the padded input channels last, the weight in the same (kh, kw, C) order.
+    assert not direct or "aten.stack.default(" in aten_code or "aten.cat.default(" in aten_code
 
 
 @pytest.mark.parametrize("length, stride, padding, dilation, batched", [

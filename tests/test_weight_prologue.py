@@ -34,6 +34,20 @@ def test_batch_norm_statistics_are_folded_in_the_prologue_not_in_the_module():
     assert ir.count('::"derived') == len(prologue.outputs) >= 2  # each handed value is a global of its own
 
 
+def test_batch_norm_reaches_the_module_as_one_scale_and_one_shift_per_channel():
+    # As eager's CPU kernel computes it: x * scale + shift, no subtraction of the mean.
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 12, 12)
+    model = settle_batch_norm(nn.Sequential(nn.Conv2d(3, 16, 1), nn.BatchNorm2d(16), nn.ReLU(),
+                                            nn.Conv2d(16, 8, 1, bias=False), nn.BatchNorm2d(8)), x)
+    with torch.no_grad():
+        assert_matches_eager(model, x, options={"cache": False}, rtol=1e-5, atol=1e-5)
+    graph = tori.last_compile().graphs[0]
+    ir = graph.stages["tori"]
+    assert (ir.count("torch.aten.mul.Tensor"), ir.count("torch.aten.sub")) == (2, 0), ir
+    assert len(graph.compiled.signature.prologue.outputs) == 4  # a scale and a shift per BatchNorm
+
+
 def test_weights_changed_after_loading_run_the_prologue_again():
     model, x = _conv_bn()
     compiled = torch.compile(model, backend="tori", options={"fallback": "error", "cache": False})

@@ -71,9 +71,10 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
         record.stages[Stage.TORCH] = str(module)
         if options.tori_pipeline:
             with stage(record.name, "tori passes"):
-                record.passes = [run if inspecting else replace(run, ir_after=None) for run in
-                                 run_pipeline(module, options.tori_pipeline, graph=record.name)]
-            record.stages[Stage.TORI] = str(module)
+                runs = run_pipeline(module, options.tori_pipeline, graph=record.name,
+                                    text=record.stages[Stage.TORCH])
+            record.stages[Stage.TORI] = runs[-1].ir_after if runs else record.stages[Stage.TORCH]
+            record.passes = [run if inspecting else replace(run, ir_after=None) for run in runs]
         else:
             record.stages[Stage.TORI] = record.stages[Stage.TORCH]
         # IREE's phase dumps come from compiling, so asking for them bypasses the cache.
@@ -89,7 +90,7 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
             if vmfbs is not None:
                 stage_log.info("%s: served by the compile cache", record.name)
             if vmfbs is None or inspecting:
-                lower_for_iree(module, options, graph=record.name)
+                lower_for_iree(module, options, graph=record.name, text=record.stages[Stage.TORI])
             if inspecting:
                 record.iree_input = str(module)
             if vmfbs is None:

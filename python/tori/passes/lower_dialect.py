@@ -68,7 +68,7 @@ def check_lowered(module: ir.Module, *, graph: str = "") -> None:
         )
 
 
-def lower_for_iree(module: ir.Module, options, *, graph: str = "") -> None:
+def lower_for_iree(module: ir.Module, options, *, graph: str = "", text: str | None = None) -> None:
     """Run tori-lower-dialect over `module` and check that no tori op is left; then give
     depthwise convolutions IREE's channels-last kernel (tori-depthwise-nhwc), matmuls
     against widened int8 weights one contraction (tori-int8-weight-matmul) and 16-bit
@@ -76,7 +76,8 @@ def lower_for_iree(module: ir.Module, options, *, graph: str = "") -> None:
     (tori-widen-16-bit), and float tensors selected by boolean inputs dispatches of
     their own (tori-materialize-masks), whatever the user's pipeline. The last three
     apply where every target of `options` (tori Options) is a CPU (the contractions may
-    then carry IREE's CPU tiling and data tiling)."""
+    then carry IREE's CPU tiling and data tiling). `text`: the module printed, where the
+    caller has it (`run_pipeline`)."""
     from tori.targets.build import compiled_targets, cpu_only
     from tori.targets.cpu import float16_types_without_arithmetic
 
@@ -86,7 +87,7 @@ def lower_for_iree(module: ir.Module, options, *, graph: str = "") -> None:
     int8 = f"{INT8_WEIGHT_PASS}{{cpu={str(only_cpu).lower()}}}"
     widen = f"{WIDEN_PASS}{{bf16={str('bf16' in missing).lower()} f16={str('f16' in missing).lower()}}}"
     masks = f"{MASKS_PASS}{{cpu={str(only_cpu).lower()}}}"
-    run_pipeline(module, f"{PASS_NAME}, {DEPTHWISE_PASS}, {int8}, {widen}, {masks}", graph=graph)
+    run_pipeline(module, f"{PASS_NAME}, {DEPTHWISE_PASS}, {int8}, {widen}, {masks}", graph=graph, text=text)
     check_lowered(module, graph=graph)
 
 

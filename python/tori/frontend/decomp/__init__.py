@@ -44,3 +44,4 @@ from tori.frontend.decomp import histogram  # noqa: F401
 from tori.frontend.decomp import qr  # noqa: F401
 from tori.frontend.decomp import spectral  # noqa: F401
 from tori.frontend.decomp import grouped_conv  # noqa: F401
+from tori.frontend.decomp import batch_norm  # noqa: F401

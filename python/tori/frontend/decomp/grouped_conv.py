@@ -1,5 +1,5 @@
 """Convolutions IREE lowers badly. 2-D convolutions over single pixels or image patches
-as matmuls; grouped ones as one convolution per group, or as the taps of their
+as matmuls, and over few output pixels as a matmul of their windows' columns; grouped ones as one convolution per group, or as the taps of their
 windows; and 1-D ones whose strided windows leave the input's last elements out cut to
 what the windows read (their lowering failed to verify).
 
@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 
 from tori.frontend.decomp.pytorch import window_extent
-from tori.frontend.decompositions import register_decomposition
+from tori.frontend.decompositions import as_is, register_decomposition
 from tori.frontend.quantized import integer_grouped_convolution, quantized_convolution
 from tori.targets.codegen import conv_flop
 
@@ -47,6 +47,17 @@ MAX_SPLIT_GROUPS = 64
 # against 32.7 and 32.5 with every stage split (eager 40-59 in the same processes), its
 # first call 27.2 and 28.3 s against 45.0 and 39.6. At 8 images every stage splits.
 SPLIT_MIN_GFLOP = 0.05
+# A float32 convolution with one group over at most this many output pixels (over the
+# batch) runs as a matmul of its windows' columns, channels last, rather than on IREE's
+# direct kernel, whose tiles for few pixels keep most of the CPU idle: ResNet-18's 3x3
+# convolutions at one image (Xeon with AVX-512, 2026-12-04), 512 channels at 7x7
+# 4.3 ms each on the direct kernel (53 GFLOP/s, 16% of torch.mm's 338) against 2.4 as
+# columns (95); 256 at 14x14 2.4-2.7 ms (87-95 GFLOP/s) against 1.3-1.4 (161-175).
+# ResNet-18 40.0 -> 26.8 ms at one image (eager 21.5-23.4), 219.5 -> 155.4 at 8 (eager
+# 150); at most 196, 512, 2048 and 8192 pixels: 27.0, -, 26.8 and 33.5 ms at one image,
+# 219.5, 161.6, 155.4 and 176.6 at 8. ResNet-50 71.0 -> 57.3 and 407 -> 348 ms (eager 52
+# and 377).
+SMALL_IMAGE_ROWS = 2048
 
 
 def _direct_convolutions() -> bool:
@@ -95,6 +106,9 @@ def convolution(op, x, weight, bias, stride, padding, dilation, transposed, outp
     windows = _windows_as_matmul(x, weight, bias, stride, padding, dilation, transposed, groups)
     if windows is not None:
         return windows
+    columns = _small_image_as_matmul(x, weight, bias, stride, padding, dilation, transposed, groups)
+    if columns is not None:
+        return columns
     return grouped_conv2d(op, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
 
 
@@ -141,7 +155,7 @@ def _windows_as_matmul(x, weight, bias, stride, padding, dilation, transposed, g
     out_channels, channels, kh, kw = weight.shape
     pixels = x.permute(0, 2, 3, 1)
     if (kh, kw) == (1, 1):
-        windows = pixels[:, ::stride[0], ::stride[1], :]
+        windows = pixels if tuple(stride) == (1, 1) else pixels[:, ::stride[0], ::stride[1], :]
     elif tuple(stride) == (kh, kw) and x.shape[2] >= kh and x.shape[3] >= kw:
         batch, height, width = x.shape[0], x.shape[2] // kh, x.shape[3] // kw
         tiles = pixels[:, :height * kh, :width * kw, :].reshape(batch, height, kh, width, kw, channels)
@@ -149,11 +163,51 @@ def _windows_as_matmul(x, weight, bias, stride, padding, dilation, transposed, g
     else:
         return None
     batch, height, width, size = windows.shape
-    columns = weight.permute(0, 2, 3, 1).reshape(out_channels, size)  # (kh, kw, C), as the windows
+    # (kh, kw, C), as the windows; a 1x1 kernel's weight is that already
+    columns = weight.reshape(out_channels, size) if (kh, kw) == (1, 1) else \
+        weight.permute(0, 2, 3, 1).reshape(out_channels, size)
     out = torch.mm(windows.reshape(batch * height * width, size), columns.t())
     if bias is not None:
         out = out + bias
     return out.reshape(batch, height, width, out_channels).permute(0, 3, 1, 2)
+
+
+def _small_image_as_matmul(x, weight, bias, stride, padding, dilation, transposed, groups):
+    """A float32 2-D convolution with one group over few output pixels (at most
+    SMALL_IMAGE_ROWS over the batch) where IREE's direct channels-last kernel would run
+    it: its windows' columns, channels last, times the weight, one data-tiled matmul.
+    None for any other convolution."""
+    if transposed or groups != 1 or x.dim() != 4 or weight.dim() != 4 or len(stride) != 2:
+        return None
+    if x.dtype != torch.float32 or weight.dtype != x.dtype or quantized_convolution(x, weight):
+        return None
+    if not all(isinstance(n, int) for n in (*x.shape, *weight.shape)) or x.numel() == 0:
+        return None
+    out_channels, channels, kh, kw = weight.shape
+    out_h, out_w = _output_size(x, (kh, kw), stride, padding, dilation)
+    if out_h < 1 or out_w < 1 or x.shape[0] * out_h * out_w > SMALL_IMAGE_ROWS or not _direct_convolutions():
+        return None
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
+    pixels = x.permute(0, 2, 3, 1)
+    padded = aten.constant_pad_nd.default(pixels, [0, 0, pw, pw, ph, ph], 0.0) if ph or pw else pixels
+    taps = [padded[:, i * dh: i * dh + sh * (out_h - 1) + 1: sh, j * dw: j * dw + sw * (out_w - 1) + 1: sw, :]
+            for i in range(kh) for j in range(kw)]
+    rows = x.shape[0] * out_h * out_w
+    windows = torch.stack(taps, 3).reshape(rows, kh * kw * channels)  # (kh, kw, C) per row
+    columns = weight.permute(0, 2, 3, 1).reshape(out_channels, kh * kw * channels)
+    out = torch.mm(windows, columns.t())
+    if bias is not None:
+        out = out + bias
+    return out.reshape(x.shape[0], out_h, out_w, out_channels).permute(0, 3, 1, 2)
+
+
+def _group_convolution(x, weight, stride, padding, dilation, output_padding):
+    """One group's convolution: a matmul of its pixels where its windows are pixels,
+    else the convolution itself (never columns of small images)."""
+    windows = _windows_as_matmul(x, weight, None, stride, padding, dilation, False, 1)
+    if windows is not None:
+        return windows
+    return as_is(aten.convolution.default, x, weight, None, stride, padding, dilation, False, output_padding, 1)
 
 
 def grouped_conv2d(op, x, weight, bias, stride, padding, dilation, transposed, output_padding, groups):
@@ -169,9 +223,10 @@ def grouped_conv2d(op, x, weight, bias, stride, padding, dilation, transposed, o
     if per_group == 1 and out_channels == groups and x.dtype == torch.float32:
         return NotImplemented  # IREE's NHWC depthwise kernel (passes/depthwise_nhwc.py)
     if _split_per_group(x, weight, stride, padding, dilation, groups):
-        # One convolution per group, which IREE lowers channels last like any other.
-        parts = [aten.convolution.default(part, part_weight, None, stride, padding, dilation, False,
-                                          output_padding, 1)
+        # One convolution per group, which IREE lowers channels last like any other (on
+        # its direct kernel, not as columns: RegNetY-1.6GF at 8 images 190 ms against 260,
+        # its iree-compile 47.6 s against 25.3).
+        parts = [_group_convolution(part, part_weight, stride, padding, dilation, output_padding)
                  for part, part_weight in zip(torch.chunk(x, groups, 1), torch.chunk(weight, groups, 0))]
         out = torch.cat(parts, 1)
         return out if bias is None else out + bias.reshape(1, out_channels, 1, 1)
