@@ -10,11 +10,9 @@ import math
 import re
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
-
 import pytest
 import torch
 import torch.nn.functional as F
@@ -412,18 +410,6 @@ def test_cpu_features_say_which_16_bit_floats_have_arithmetic():
     assert float16_types_without_arithmetic("znver3") == {"bf16"}            # AVX2, FMA and F16C
     assert float16_types_without_arithmetic("znver4") == frozenset()         # AVX-512 BF16
     assert "+avx2" in cpu_features("znver3") and "+avx512f" not in cpu_features("znver3")
-
-
-def test_cpu_features_resolve_in_the_background_once():
-    # The backend starts this while AOTAutograd traces; the compile then reads the result.
-    from tori.targets import cpu
-
-    cpu.prefetch_cpu_features("skylake-avx512")
-    for thread in [t for t in threading.enumerate() if t.name == "tori-cpu-features"]:
-        thread.join(timeout=120)
-    resolved = cpu._RESOLVED.get("skylake-avx512")
-    assert resolved is not None and "+avx512f" in resolved
-    assert cpu_features("skylake-avx512") is resolved  # read, not probed again
 
 
 def test_bf16_matmuls_for_a_cpu_without_bf16_arithmetic_are_widened_to_float32():

@@ -18,7 +18,7 @@ from torch._dynamo.backends.common import aot_autograd
 from torch._dynamo.exc import BackendCompilerFailed, RestartAnalysis, SkipFrame
 
 from tori import distributed
-from tori.config import Fallback, Options, Target
+from tori.config import Fallback, Options
 from tori.errors import CheckFailedError, CompileError, OptionsError, ToriError, ToriRuntimeError, through_dynamo
 from tori.frontend.alias_outputs import restrider, user_outputs
 from tori.frontend.compile_graph import compile_graph
@@ -34,8 +34,6 @@ from tori.logs import stage
 from tori.frontend.shape_variants import specialize
 from tori.stages import Stage
 from tori.stats import counters
-from tori.targets.build import compiled_targets
-from tori.targets.cpu import prefetch_cpu_features
 
 log = logging.getLogger("tori.backend")
 
@@ -63,8 +61,6 @@ def tori_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], options: d
     if served is not None:
         counters.compiled_graphs += 1
         return _unboxed(_boxed(served, gm, opts, record.graphs[-1].name), ())
-    if Target.CPU in compiled_targets(opts):
-        prefetch_cpu_features(opts.cpu)  # read by the decompositions and the code generation
     constants = _dynamo_constants(gm)
     plain = _PlainInference()
     views = user_outputs(gm)

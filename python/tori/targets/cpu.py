@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 import subprocess
 import tempfile
-import threading
 from functools import lru_cache
 from pathlib import Path
 
@@ -43,26 +42,12 @@ _ARITHMETIC = {"bf16": ("+avx512bf16", "+amx-bf16", "+bf16"),
                "f16": ("+avx512fp16", "+amx-fp16", "+fullfp16", "+f16c")}
 
 
-_RESOLVED: dict[str, frozenset[str]] = {}
-_RESOLVING = threading.Lock()
-
-
+@lru_cache(maxsize=None)
 def cpu_features(name: str) -> frozenset[str]:
     """The LLVM features ("+avx2", ...) of CPU `name` ("host": this machine's), as
     iree-compile resolves them for its code generation."""
-    with _RESOLVING:  # one probe per name, also while `prefetch_cpu_features` runs it
-        if name not in _RESOLVED:
-            found = _FEATURES.search(_probe(name, "--compile-to=executable-targets").stdout)
-            _RESOLVED[name] = frozenset(found.group(1).split(",")) if found else frozenset()
-        return _RESOLVED[name]
-
-
-def prefetch_cpu_features(name: str) -> None:
-    """Resolve CPU `name`'s features (an iree-compile run of 0.1 s) in the background,
-    while the caller traces its graph on the other core: the compile that reads them
-    finds them resolved, or waits for that run rather than starting its own."""
-    if name not in _RESOLVED:
-        threading.Thread(target=cpu_features, args=(name,), name="tori-cpu-features", daemon=True).start()
+    found = _FEATURES.search(_probe(name, "--compile-to=executable-targets").stdout)
+    return frozenset(found.group(1).split(",")) if found else frozenset()
 
 
 def _probe(name: str, *flags: str) -> subprocess.CompletedProcess:

@@ -22,7 +22,7 @@ aten = torch.ops.aten
 @register_decomposition(aten._native_batch_norm_legit_no_training.default)
 def batch_norm_inference(op, x, weight, bias, running_mean, running_var, momentum, eps):
     per_channel = [t for t in (weight, bias, running_mean, running_var) if t is not None]
-    if not x.dtype.is_floating_point or x.dim() < 2 or x.is_complex():
+    if not x.dtype.is_floating_point or x.dim() < 2:
         return NotImplemented
     if any(t.dtype != x.dtype or t.dim() != 1 for t in per_channel):
         return NotImplemented

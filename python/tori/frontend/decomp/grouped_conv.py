@@ -1,7 +1,8 @@
 """Convolutions IREE lowers badly. 2-D convolutions over single pixels or image patches
-as matmuls, and over few output pixels as a matmul of their windows' columns; grouped ones as one convolution per group, or as the taps of their
-windows; and 1-D ones whose strided windows leave the input's last elements out cut to
-what the windows read (their lowering failed to verify).
+as matmuls, and over few output pixels as a matmul of their windows' columns; grouped
+ones as one convolution per group, or as the taps of their windows; and 1-D ones whose
+strided windows leave the input's last elements out cut to what the windows read
+(their lowering failed to verify).
 
 Grouped 2-D convolutions as the taps of their windows: IREE's CPU lowering of
 `linalg.conv_2d_ngchw_gfchw` and `depthwise_conv_2d_nchw_chw` ran 20-50x behind
