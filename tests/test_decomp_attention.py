@@ -1,0 +1,116 @@
+"""scaled_dot_product_attention on the CPU (tori/frontend/decomp/attention.py): two
+matmuls around an unnormalized softmax, the row sums applied to the output; compared
+with eager's fused kernel over masks, causal attention, shared key/value heads, fully
+masked rows, its logsumexp and its gradients."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tori
+from tori.testing import assert_matches_eager
+
+aten = torch.ops.aten
+
+
+def _randn(*shape):
+    return torch.randn(*shape)
+
+
+def _bool_mask(*shape, masked_row=None):
+    mask = torch.rand(*shape) > 0.4
+    mask[..., 0] = True  # every row attends somewhere unless masked_row says otherwise
+    if masked_row is not None:
+        mask[..., masked_row, :] = False
+    return mask
+
+
+def _float_mask(*shape, masked_row=None):
+    mask = torch.randn(*shape)
+    if masked_row is not None:
+        mask[..., masked_row, :] = -math.inf
+    return mask
+
+
+CASES = {
+    # name: (fn of q, k, v[, mask], the extra inputs' factory, query heads, key/value heads, keys)
+    "plain": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v), None, 4, 4, 6),
+    "scale": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, scale=0.3), None, 4, 4, 6),
+    "negative scale": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, scale=-0.3), None, 4, 4, 6),
+    "causal": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True), None, 4, 4, 5),
+    "causal, more keys than queries": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                                       None, 4, 4, 9),
+    "bool mask, a row fully masked": (lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+                                      lambda: _bool_mask(5, 6, masked_row=2), 4, 4, 6),
+    "float mask per batch, a row fully masked": (
+        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+        lambda: _float_mask(2, 1, 5, 6, masked_row=3), 4, 4, 6),
+    "float mask per head": (lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m),
+                            lambda: _float_mask(1, 4, 5, 6), 4, 4, 6),
+    "shared heads": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True), None, 4, 2, 6),
+    "shared heads, causal": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+                             None, 6, 2, 5),
+    "shared heads, bool mask per head": (
+        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True),
+        lambda: _bool_mask(2, 4, 5, 6), 4, 2, 6),
+    "shared heads, float mask per head": (
+        lambda q, k, v, m: F.scaled_dot_product_attention(q, k, v, attn_mask=m, enable_gqa=True),
+        lambda: _float_mask(1, 4, 5, 6, masked_row=1), 4, 2, 6),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_attention_matches_eager_without_a_softmax_op(case):
+    fn, mask, heads, kv_heads, keys = CASES[case]
+    q, k, v = _randn(2, heads, 5, 8), _randn(2, kv_heads, keys, 8), _randn(2, kv_heads, keys, 8)
+    inputs = (q, k, v) if mask is None else (q, k, v, mask())
+    assert_matches_eager(fn, *inputs, rtol=1e-5, atol=2e-5)
+    code = tori.last_compile().graphs[0].stages["aten"]
+    # The decomposition's ops, not PyTorch's math path (its safe softmax).
+    assert "aten.amax.default" in code and "aten.exp.default" in code
+    assert "_softmax" not in code and "aten.all" not in code
+
+
+def test_fused_kernel_op_returns_eager_logsumexp_also_of_fully_masked_rows():
+    q, k, v = _randn(2, 4, 5, 8), _randn(2, 4, 7, 8), _randn(2, 4, 7, 8)
+    mask = _float_mask(2, 4, 5, 7, masked_row=4)
+    out, logsumexp = assert_matches_eager(
+        lambda *a: aten._scaled_dot_product_flash_attention_for_cpu(*a[:3], attn_mask=a[3]), q, k, v, mask,
+        rtol=1e-5, atol=2e-5)
+    assert torch.all(out[:, :, 4] == 0) and torch.all(logsumexp[:, :, 4] == 0)
+    assert torch.all(logsumexp[:, :, :4] != 0)
+
+
+def test_attention_gradients_match_eager():
+    q, k, v = (_randn(2, 4, 5, 8).requires_grad_() for _ in range(3))
+
+    def loss(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).square().sum()
+
+    compiled = torch.compile(loss, backend="tori", options={"fallback": "error"})
+    compiled(q, k, v).backward()
+    grads = [t.grad for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    loss(q, k, v).backward()
+    for got, expected in zip(grads, (q.grad, k.grad, v.grad)):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("options, softmax", [
+    pytest.param({"pipeline": "tori-fold-constants, tori-fuse-attention"}, True, id="fused attention pipeline"),
+    pytest.param({}, False, id="default pipeline"),
+])
+def test_pipeline_that_fuses_attention_keeps_pytorchs_softmax(options, softmax):
+    # tori-fuse-attention matches the math path's ops (GPU targets: IREE's fused kernel).
+    q, k, v = (_randn(1, 2, 16, 8) for _ in range(3))
+    assert_matches_eager(F.scaled_dot_product_attention, q, k, v, options=options, rtol=1e-5, atol=2e-5)
+    assert ("_softmax" in tori.last_compile().graphs[0].stages["aten"]) == softmax
+
+
+def test_half_precision_attention_keeps_pytorchs_decomposition():
+    q, k, v = (_randn(1, 2, 6, 8).to(torch.bfloat16) for _ in range(3))
+    assert_matches_eager(F.scaled_dot_product_attention, q, k, v, rtol=2e-2, atol=2e-2)
+    assert "_softmax" in tori.last_compile().graphs[0].stages["aten"]
