@@ -45,10 +45,12 @@ def _applies(query, key, value, dropout_p) -> bool:
         return False
     if dropout_p != 0.0 or any(t.dtype != torch.float32 or t.dim() != 4 for t in (query, key, value)):
         return False
-    return key.shape[1] > 0 and query.shape[1] % key.shape[1] == 0
+    same_batch = query.shape[0] == key.shape[0] == value.shape[0]
+    same_keys = key.shape[1:3] == value.shape[1:3] and key.shape[-1] == query.shape[-1]
+    return same_batch and same_keys and key.shape[1] > 0 and query.shape[1] % key.shape[1] == 0
 
 
-def _grouped_mask(mask: torch.Tensor, batch: int, kv_heads: int, group: int, length: int, keys: int):
+def _grouped_mask(mask: torch.Tensor, kv_heads: int, group: int):
     """`mask` (broadcastable to [B, Hq, L, S]) broadcastable to the grouped scores
     [B, Hkv, group, L, S]."""
     mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
@@ -78,7 +80,7 @@ def flash_attention_for_cpu(op, query, key, value, dropout_p=0.0, is_causal=Fals
             keep = torch.arange(keys, device=query.device) <= rows_at
             grouped = torch.where(keep, grouped, -math.inf)
         if attn_mask is not None:
-            mask = _grouped_mask(attn_mask, batch, kv_heads, group, length, keys)
+            mask = _grouped_mask(attn_mask, kv_heads, group)
             grouped = torch.where(mask, grouped, -math.inf) if mask.dtype == torch.bool else grouped + mask
         scores = grouped.view(batch, kv_heads, group * length, keys)
     peak = torch.amax(scores, -1, keepdim=True)
