@@ -9,7 +9,7 @@ softmax: `_softmax`, which IREE lowers to one dispatch that computes each row's
 exponentials twice, with a scalar accumulator where the row's length is not a multiple
 of the vector width (197 for DeiT), and an `all(scores == -inf)` check with a `where`
 over every probability. DeiT-small's attention at 8 images (8x6x197x64, 2 cores):
-14.0 ms through the math path, 8.4 with these ops (eager's fused kernel 2.7). The
+14.0 ms through the math path, 8.3 with these ops (eager's fused kernel 2.7). The
 division by the row sums moves onto the output, 64 values per row instead of 197.
 
 Where no mask is given the scale is applied inside the exponential, `exp((s - m) *
