@@ -1,7 +1,8 @@
 """scaled_dot_product_attention on the CPU (tori/frontend/decomp/attention.py): two
 matmuls around an unnormalized softmax, the row sums applied to the output; compared
 with eager's fused kernel over masks, causal attention, shared key/value heads, fully
-masked rows, its logsumexp and its gradients."""
+masked rows, its logsumexp and its gradients; and `_softmax` over long rows as its three
+steps (tori/frontend/decomp/softmax.py)."""
 
 import math
 
@@ -113,4 +114,22 @@ def test_pipeline_that_fuses_attention_keeps_pytorchs_softmax(options, softmax):
 def test_half_precision_attention_keeps_pytorchs_decomposition():
     q, k, v = (_randn(1, 2, 6, 8).to(torch.bfloat16) for _ in range(3))
     assert_matches_eager(F.scaled_dot_product_attention, q, k, v, rtol=2e-2, atol=2e-2)
+    assert "_softmax" in tori.last_compile().graphs[0].stages["aten"]
+
+
+@pytest.mark.parametrize("row, decomposed", [(197, True), (64, True), (63, False)])
+def test_softmax_over_long_rows_is_its_three_steps(row, decomposed):
+    # IREE's `_softmax` computes each exponential twice, with a scalar accumulator per
+    # row of 197; the three steps store them once (frontend/decomp/softmax.py).
+    x = _randn(3, 5, row)
+    x[0, 1] = -math.inf  # a row of -inf is NaN in eager
+    x[1, 2, 7] = math.nan
+    x[2, 3, 0] = math.inf
+    assert_matches_eager(lambda t: torch.softmax(t, -1), x, rtol=1e-5, atol=1e-6)
+    code = tori.last_compile().graphs[0].stages["aten"]
+    assert ("_softmax" not in code and "aten.amax.default" in code) == decomposed
+
+
+def test_softmax_over_another_dim_keeps_pytorchs_op():
+    assert_matches_eager(lambda t: torch.softmax(t, 1), _randn(2, 80, 3), rtol=1e-5, atol=1e-6)
     assert "_softmax" in tori.last_compile().graphs[0].stages["aten"]

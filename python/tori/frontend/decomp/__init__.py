@@ -45,4 +45,5 @@ from tori.frontend.decomp import qr  # noqa: F401
 from tori.frontend.decomp import spectral  # noqa: F401
 from tori.frontend.decomp import grouped_conv  # noqa: F401
 from tori.frontend.decomp import batch_norm  # noqa: F401
+from tori.frontend.decomp import softmax  # noqa: F401
 from tori.frontend.decomp import attention  # noqa: F401

@@ -32,16 +32,14 @@ import math
 
 import torch
 
-from tori.frontend.decompositions import register_decomposition, traced_options
+from tori.frontend.decomp.softmax import keeps_pytorchs_attention
+from tori.frontend.decompositions import register_decomposition
 
 aten = torch.ops.aten
 
-FUSED_ATTENTION_PASS = "tori-fuse-attention"
-
 
 def _applies(query, key, value, dropout_p) -> bool:
-    options = traced_options()
-    if options is None or FUSED_ATTENTION_PASS in options.tori_pipeline:
+    if keeps_pytorchs_attention():
         return False
     if dropout_p != 0.0 or any(t.dtype != torch.float32 or t.dim() != 4 for t in (query, key, value)):
         return False
