@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import tori
-from tori.testing import assert_matches_eager
+from tori.testing import assert_matches_eager, count_graphs
 
 aten = torch.ops.aten
 
@@ -133,3 +133,13 @@ def test_softmax_over_long_rows_is_its_three_steps(row, decomposed):
 def test_softmax_over_another_dim_keeps_pytorchs_op():
     assert_matches_eager(lambda t: torch.softmax(t, 1), _randn(2, 80, 3), rtol=1e-5, atol=1e-6)
     assert "_softmax" in tori.last_compile().graphs[0].stages["aten"]
+
+
+def test_softmax_over_rows_of_dynamic_length_compiles_once():
+    compiled = torch.compile(lambda t: torch.softmax(t @ t.T, -1), backend="tori", dynamic=True,
+                             options={"fallback": "error"})
+    with count_graphs() as count:
+        for rows in (8, 300, 40):
+            t = _randn(rows, 16)
+            torch.testing.assert_close(compiled(t), torch.softmax(t @ t.T, -1), rtol=1e-4, atol=1e-5)
+    assert count.compiled_graphs == 1 and count.compiled_calls == 3 and count.fallback_calls == 0
