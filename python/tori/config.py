@@ -26,7 +26,8 @@ from tori.targets import SPECS, Target
 # CPU) leave them out; CUDA and ROCm run them: IREE's fused attention kernel is its fast
 # path on those GPUs. docs/passes.md has the figures.
 DEFAULT_PIPELINE = "tori-fold-empty-tensors, tori-fold-constants, tori-specialize-guards"
-GPU_PIPELINE = f"{DEFAULT_PIPELINE}, tori-fuse-attention, tori-fuse-layer-norm"
+FUSED_ATTENTION_PASS = "tori-fuse-attention"
+GPU_PIPELINE = f"{DEFAULT_PIPELINE}, {FUSED_ATTENTION_PASS}, tori-fuse-layer-norm"
 DEFAULT_PIPELINES = {Target.CPU: DEFAULT_PIPELINE, Target.VULKAN: DEFAULT_PIPELINE,
                      Target.CUDA: GPU_PIPELINE, Target.ROCM: GPU_PIPELINE}
 

@@ -44,6 +44,7 @@ import torch
 from torch.utils._python_dispatch import _disable_current_modes
 from torch_mlir import ir
 
+from tori.config import FUSED_ATTENTION_PASS
 from tori.passes import matching as m
 from tori.passes.matching import NoMatch
 from tori.passes.registry import register_pass
@@ -316,7 +317,7 @@ def _rewrite(out_view: ir.Operation, match: _Match, q: ir.Value, k, v: ir.Value)
     m.erase_unused(match.ops)
 
 
-@register_pass("tori-fuse-attention")
+@register_pass(FUSED_ATTENTION_PASS)
 def fuse_attention(op: ir.Operation, pass_: object) -> None:
     """Rewrite attention written out as bmm, scale, mask, softmax, bmm to one scaled_dot_product_attention."""
     from tori.passes.fold_constants import _Folder

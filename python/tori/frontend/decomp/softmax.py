@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import torch
 
+from tori.config import FUSED_ATTENTION_PASS
 from tori.frontend.decompositions import register_decomposition, traced_options
 
 aten = torch.ops.aten
 
-FUSED_ATTENTION_PASS = "tori-fuse-attention"
 MIN_ROW = 64
 
 
