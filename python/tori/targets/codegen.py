@@ -35,9 +35,9 @@ class Family(str, enum.Enum):
     MATMUL = "matmul"               # mm, addmm, bmm, baddbmm, _int_mm (linear layers, attention, int8)
     # bmm and baddbmm with NARROW_ROWS rows per batch: a decoding step's attention
     NARROW_BATCH_MATMUL = "narrow batched matmul"
-    # mm and addmm of WIDE_ROWS rows onto a right operand of WIDE_WEIGHT_BYTES or more:
-    # a language model's output projection onto its vocabulary
-    WIDE_MATMUL = "matmul of few rows onto a large weight"
+    # mm and addmm of WIDE_MIN_ROWS rows or more onto a right operand of WIDE_WEIGHT_BYTES
+    # or more: a language model's output projection onto its vocabulary
+    WIDE_MATMUL = "matmul onto a large weight"
 
     def __str__(self) -> str:
         return self.value
@@ -73,15 +73,16 @@ _DATA_TILING = "--iree-opt-data-tiling=true"
 # dispatch fails to encode) compiles with it: 6-block transformer, width 256, 64 tokens,
 # batch 8, one thread, backward 168 ms with IREE's defaults, 114 with it (eager 79).
 _GLOBAL_DATA_TILING = "--iree-global-opt-data-tiling"
-# The bytes of each operand's tile that a workgroup of a data-tiled matmul takes; larger
-# tiles give a workgroup more rows, so that fewer workgroups read each column tile of
-# the right operand (IREE's default gave GPT-2's output projection, 128 rows onto
-# 32000 columns, 2x2 tiles of 16x16: each column tile read from memory by 4 workgroups).
-_WIDE_TILE_BYTES = "--iree-llvmcpu-matmul-tile-bytes=524288"
+# The bytes of each operand's tile that a workgroup of a data-tiled matmul takes (IREE's
+# default 256 KiB); larger tiles give a workgroup more rows, so that fewer workgroups
+# read each column tile of the right operand from memory. IREE's default gave Llama's
+# output projection at 8 sequences (1024 rows onto 32000 columns of 512) workgroups of
+# 32 rows by 80 columns: the 65.5 MB weight read from memory 32 times per call.
+_WIDE_TILE_BYTES = "--iree-llvmcpu-matmul-tile-bytes=2097152"
 
-# The matmuls of the wide rule: rows (the left operand's) within WIDE_ROWS, a right
-# operand of at least WIDE_WEIGHT_BYTES (beyond the caches, read from memory).
-WIDE_ROWS = (32, 512)
+# The matmuls of the wide rule: at least WIDE_MIN_ROWS rows (the left operand's), a
+# right operand of at least WIDE_WEIGHT_BYTES (beyond the caches, read from memory).
+WIDE_MIN_ROWS = 32
 WIDE_WEIGHT_BYTES = 32 << 20
 
 # LLVM features of a CPU for which IREE's direct channels-last convolution kernel is
@@ -117,13 +118,16 @@ RULES: tuple[Rule, ...] = (
                   "2.54-2.64 -> 1.26-1.28 ms and 1.24 -> 0.74-0.94 ms per step"),
     Rule(Target.CPU, Family.WIDE_MATMUL, "data-tiled matmul, larger workgroup tiles",
          flags=(_DATA_TILING, _WIDE_TILE_BYTES), min_gflop=0.01,
-         evidence="IREE's data-tiled matmul kernel (mmt4d) onto a 768x32000 weight, 2 cores (Intel Xeon with "
-                  "AVX-512, 2026-12-04): 128 rows 51.0 ms by default, 36.7 with 512 KiB tiles; 256 rows 101.8 "
-                  "and 79.4; 512 rows 200.3 and 161.2; 16 rows 9.2 and 9.5. GPT-2 at one sequence of 128 "
-                  "tokens 104.1 -> 87.5 ms (eager 68.5-70.4), Llama prefill 46.4 -> 45.1. The flag acts on the "
-                  "whole module: GPT-2 at 8 sequences (1024 rows) took 1379.8 ms with it against 749.9, so "
-                  "graphs of more rows keep the matmul rule alone; the other shapes measured changed by -7% "
-                  "(128x3072x768) to +9% (1576x1152x384)"),
+         evidence="whole models after the driver trials, 2 cores (Intel Xeon with AVX-512, 2026-12-04), with "
+                  "IREE's default 256 KiB tiles, 512 KiB and 2 MiB: GPT-2 at one sequence of 128 tokens 98.0, "
+                  "73.3 and 72.3 ms (eager 58.1-58.9), at 8 sequences 688.3, 560.3 and 539.0 (eager 391-426); "
+                  "Llama prefill at 8 sequences 350.9 by default, 268.2 with 1 MiB, 257.9 with 2 MiB (eager "
+                  "216-236), at one 39.0, 36.3 and 37.5 (eager 32.7-34.0). Llama's output projection alone "
+                  "(1024x32000x512): 282.6 ms by default, 161.8-165.0 with 1-4 MiB, 197.2 with 8 MiB (eager "
+                  "132-142); 16 rows onto 768x32000 9.2 ms by default, 9.5 with 512 KiB. The flag acts on the "
+                  "whole module, and graphs without such a weight keep the matmul rule alone: ViT at 8 images "
+                  "476.3 ms by default, 508.3 with 2 MiB. (An earlier bound of 512 rows came from timings that "
+                  "mixed the driver trials' local-sync calls into local-task's.)"),
     Rule(Target.CPU, Family.MATMUL, "data-tiled matmul", flags=(_DATA_TILING,), min_gflop=0.01,
          evidence="DeiT-tiny: 70.4 ms by default, 22.0 with data tiling (eager 12.6); a 1024 fp32 matmul "
                   "58 -> 156 GFLOP/s on an AVX2 EPYC; matmul+relu graphs on a Zen 5 EPYC: 256x512x512 "
@@ -230,14 +234,14 @@ def _narrow(node: torch.fx.Node) -> bool:
 
 
 def _wide(node: torch.fx.Node) -> bool:
-    """A matmul of WIDE_ROWS rows onto a right operand of WIDE_WEIGHT_BYTES or more."""
+    """A matmul of WIDE_MIN_ROWS rows or more onto a right operand of WIDE_WEIGHT_BYTES or more."""
     if node.target not in (_aten.mm.default, _aten.addmm.default):
         return False
     out, right = _shape(node), _shape(node.args[-1])
     value = node.args[-1].meta.get("val") if isinstance(node.args[-1], torch.fx.Node) else None
     if out is None or right is None or len(out) != 2 or len(right) != 2 or value is None:
         return False
-    return WIDE_ROWS[0] <= out[0] <= WIDE_ROWS[1] and math.prod(right) * value.element_size() >= WIDE_WEIGHT_BYTES
+    return out[0] >= WIDE_MIN_ROWS and math.prod(right) * value.element_size() >= WIDE_WEIGHT_BYTES
 
 
 def op_families(graphs: torch.fx.GraphModule | Iterable[torch.fx.GraphModule]) -> tuple[FamilyUse, ...]:
