@@ -47,10 +47,26 @@ def test_pow_follows_c_special_values():
     y = torch.tensor([b for _, b in POW_CASES])
 
     def powers(x, y):
-        return torch.pow(x, y), x ** 2.5, x ** 2.0, x ** 3, torch.pow(x.half(), y.half())
+        return torch.pow(x, y), x ** 2.5, x ** 2.0, x ** 3, x ** 3.0, torch.pow(x.half(), y.half())
 
     for actual, expected in zip(compiled_calls(powers, x, y), powers(x, y)):
         assert_same_values(actual, expected, POW_CASES)
+
+
+def test_squares_and_cubes_by_float_exponents_are_eagers_products():
+    # Eager's CPU kernel computes x ** 2.0 and x ** 3.0 as x*x and x*x*x (GPT-2's tanh
+    # GELU cubes its input): the same products, bit for bit, and no pow in the module.
+    torch.manual_seed(0)
+    x = torch.randn(4, 3072) * 3
+
+    def gelu_tanh(x):
+        return 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * torch.pow(x, 3.0)))), x ** 2.0
+
+    actual = compiled_calls(gelu_tanh, x)
+    expected = gelu_tanh(x)
+    torch.testing.assert_close(actual[0], expected[0], rtol=2e-6, atol=1e-6)
+    assert torch.equal(actual[1], expected[1])
+    assert "pow" not in tori.last_compile().graphs[0].stages["torch"]
 
 
 def test_std_of_huge_and_tiny_values_matches_eager():
