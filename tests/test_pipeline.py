@@ -15,7 +15,7 @@ import tori
 import tori.passes
 from torch_mlir import ir
 from tori.config import DEFAULT_PIPELINE, Fallback, Options, from_environment
-from tori.runtime.compiled_graph import SETTLED_AFTER_CALLS, TRIAL_CALLS_PER_DRIVER
+from tori.runtime.compiled_graph import DECISIVE_CALLS, SETTLED_AFTER_CALLS, TRIAL_CALLS_PER_DRIVER
 from tori.errors import CompileError, OptionsError, UnsupportedOpError
 from tori.stages import STAGES, Stage
 from tori.testing import assert_matches_eager, count_graphs, settle_batch_norm
@@ -294,6 +294,28 @@ def test_driver_trial_times_each_call_until_the_next_one_starts():
     choice = graph.driver_choice
     assert choice.driver == "local-sync", choice.reason
     assert choice.median_us["local-task"] >= 5000 > choice.median_us["local-sync"]
+
+
+def test_a_decisive_gap_between_long_calls_settles_the_driver_early():
+    """Calls of 20 ms or more where one driver is 1.5x faster or more: after two timed
+    calls each the choice is final, without the rest of the trial or the review."""
+    compiled = torch.compile(lambda x: x * 2 + 1, backend="tori", options={"fallback": "error"})
+    x = torch.randn(8)
+    compiled(x)
+    graph = tori.last_compile().forward.compiled
+    calls = 1
+    while graph.driver_choice is None:
+        if graph._timed[0] == "local-sync":
+            time.sleep(0.05)  # the caller's work after each local-sync call takes 50 ms
+        torch.testing.assert_close(compiled(x), x * 2 + 1)
+        calls += 1
+    choice = graph.driver_choice
+    # Three calls each (the first a warm-up), settled by the start of the seventh.
+    assert calls == 2 * (DECISIVE_CALLS + 1) + 1, calls
+    assert choice.driver == "local-task" and choice.final, choice.reason
+    assert "decided for good" in choice.reason and "median of 2 timed calls" in choice.reason
+    assert choice.median_us["local-sync"] >= 50_000 > choice.median_us["local-task"]
+    assert graph._call == graph._call_active
 
 
 def test_driver_option_pins_the_driver():

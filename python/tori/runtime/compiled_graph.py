@@ -52,6 +52,15 @@ TRIAL_CALLS_PER_DRIVER = 6
 # or by the compile that just ended (inductor's compile workers, iree-compile) is
 # corrected by the second.
 REVIEW_AFTER_CALLS = 100
+# A gap that settles the choice for good after DECISIVE_CALLS timed calls of each
+# driver: every timed call of the others at least DECISIVE_RATIO times the slowest of
+# the fastest one's, and DECISIVE_SECONDS or longer. Long calls are where trials cost:
+# a batch-8 BERT's call took 295-358 ms on local-task and 501-631 on local-sync, so
+# the six local-sync trial calls and the review's six cost about 3 s; a neighbour's
+# noise does not double calls that long.
+DECISIVE_CALLS = 2
+DECISIVE_RATIO = 1.5
+DECISIVE_SECONDS = 0.02
 # Calls after which the driver choice is final (the call after the last timed one
 # ends its period and settles).
 SETTLED_AFTER_CALLS = 2 * TRIAL_CALLS_PER_DRIVER + REVIEW_AFTER_CALLS + 2 * TRIAL_CALLS_PER_DRIVER + 1
@@ -193,6 +202,9 @@ class CompiledGraph:
                 self._timed = None
                 if not self._trials:  # the round's last period: it is complete
                     self._settle()
+                elif self._decisive():
+                    self._trials = []
+                    self._settle(decisive=True)
             if self._trials:
                 counters.compiled_calls += 1
                 driver = self._trials.pop(0)
@@ -209,16 +221,28 @@ class CompiledGraph:
                     self._call = self._call_measuring
         return self._call_active(args)
 
-    def _settle(self) -> None:
+    def _counted(self) -> dict[str, list[float]]:
         # The first call of each driver in each round warms it up and is not counted.
-        per_round = TRIAL_CALLS_PER_DRIVER
-        median = {d: statistics.median(t[i] for i in range(len(t)) if i % per_round) * 1e6
-                  for d, t in self._timings.items()}
+        return {d: [t[i] for i in range(len(t)) if i % TRIAL_CALLS_PER_DRIVER] for d, t in self._timings.items()}
+
+    def _decisive(self) -> bool:
+        """Whether the timed calls so far show one driver far faster (DECISIVE_RATIO)."""
+        counted = self._counted()
+        if any(len(times) < DECISIVE_CALLS for times in counted.values()):
+            return False
+        best = min(counted, key=lambda d: max(counted[d]))
+        others = [t for d, times in counted.items() if d != best for t in times]
+        return min(others) >= max(max(counted[best]) * DECISIVE_RATIO, DECISIVE_SECONDS)
+
+    def _settle(self, decisive: bool = False) -> None:
+        counted = self._counted()
+        median = {d: statistics.median(times) * 1e6 for d, times in counted.items()}
         best = min(median, key=median.get)
-        final = self.driver_choice is not None
-        rounds = 2 if final else 1
+        final = decisive or self.driver_choice is not None
         timings = ", ".join(f"{d} {us:.1f} us" for d, us in sorted(median.items()))
-        reason = f"median of {rounds * (per_round - 1)} timed calls each: {timings}"
+        count = min(len(times) for times in counted.values())
+        reason = f"median of {count} timed calls each: {timings}" + \
+            (f" (one driver {DECISIVE_RATIO}x faster or more: decided for good)" if decisive else "")
         self.driver_choice = DriverChoice(best, reason, median, final)
         self._active = self._modules[best]
         if final:
