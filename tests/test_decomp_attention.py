@@ -74,18 +74,42 @@ def test_attention_matches_eager_without_a_softmax_op(case):
     assert "_softmax" not in code and "aten.all" not in code
 
 
-def test_fused_kernel_op_returns_eager_logsumexp_also_of_fully_masked_rows():
-    q, k, v = _randn(2, 4, 5, 8), _randn(2, 4, 7, 8), _randn(2, 4, 7, 8)
-    mask = _float_mask(2, 4, 5, 7, masked_row=4)
+def test_exponentials_are_packed_where_they_are_computed():
+    # Their row sums come out of the second matmul (a column of ones appended to v), so
+    # the exponentials' one use is that matmul: IREE packs them in the dispatch that
+    # computes them, with no packing dispatch of its own for the 12x197x197 weights.
+    q, k, v = _randn(2, 6, 197, 64), _randn(2, 6, 197, 64), _randn(2, 6, 197, 64)
+    assert_matches_eager(F.scaled_dot_product_attention, q, k, v, options={"cache": False}, rtol=1e-5, atol=2e-5)
+    graph = tori.last_compile().graphs[0]
+    assert "aten.sum" not in graph.stages["aten"]
+    vmfb = graph.stages["vmfb"]
+    assert b"batch_matmul_12x197x65x197" in vmfb and b"encode_12x197x197" not in vmfb
+
+
+def test_decoding_step_attention_keeps_its_row_sums():
+    # One query row per head against a cache of 512 positions: appending a column to
+    # the values would copy the cache on every step.
+    q, k, v = _randn(1, 8, 1, 64), _randn(1, 8, 512, 64), _randn(1, 8, 512, 64)
+    assert_matches_eager(F.scaled_dot_product_attention, q, k, v, rtol=1e-5, atol=2e-5)
+    code = tori.last_compile().graphs[0].stages["aten"]
+    assert "aten.sum" in code and "aten.cat" not in code
+
+
+@pytest.mark.parametrize("rows", [5, 20])  # row sums by a reduction, and by the second matmul
+def test_fused_kernel_op_returns_eager_logsumexp_also_of_fully_masked_rows(rows):
+    q, k, v = _randn(2, 4, rows, 8), _randn(2, 4, 7, 8), _randn(2, 4, 7, 8)
+    mask = _float_mask(2, 4, rows, 7, masked_row=4)
     out, logsumexp = assert_matches_eager(
         lambda *a: aten._scaled_dot_product_flash_attention_for_cpu(*a[:3], attn_mask=a[3]), q, k, v, mask,
         rtol=1e-5, atol=2e-5)
     assert torch.all(out[:, :, 4] == 0) and torch.all(logsumexp[:, :, 4] == 0)
     assert torch.all(logsumexp[:, :, :4] != 0)
+    assert ("aten.cat" in tori.last_compile().graphs[0].stages["aten"]) == (rows >= 16)
 
 
-def test_attention_gradients_match_eager():
-    q, k, v = (_randn(2, 4, 5, 8).requires_grad_() for _ in range(3))
+@pytest.mark.parametrize("rows", [5, 20])
+def test_attention_gradients_match_eager(rows):
+    q, k, v = (_randn(2, 4, rows, 8).requires_grad_() for _ in range(3))
 
     def loss(q, k, v):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True).square().sum()
