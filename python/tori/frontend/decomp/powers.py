@@ -43,8 +43,8 @@ def pow_tensors(op, x, y):
     return _pow(x.to(dtype).expand(shape), y.to(dtype).expand(shape))
 
 
-# Float exponents that eager computes as products, with the products' rounding.
-_PRODUCTS = {2.0: lambda x: x * x, 3.0: lambda x: x * x * x}
+# Float exponents that eager computes as products (x*x, x*x*x), with their rounding.
+_PRODUCTS = (2.0, 3.0)
 
 
 @register_decomposition(aten.pow.Tensor_Scalar)
@@ -54,14 +54,15 @@ def pow_scalar_exponent(op, x, y):
     if not x.dtype.is_floating_point or not isinstance(y, float):
         return NotImplemented
     if y in _PRODUCTS:
-        return _PRODUCTS[y](x)
+        return _integer_power(x, int(y))
     return _pow(x, y)
 
 
 def _integer_power(x: torch.Tensor, y: int) -> torch.Tensor:
-    """An integer tensor to a non-negative integer power by repeated squaring, wrapping
+    """x to a non-negative integer power by repeated squaring. An integer tensor wraps
     on overflow as eager's multiplications do (Torch-MLIR lowers integer pow not at all:
-    "unimplemented: non-floating point dtype"; torch.square of an int64 tensor is one)."""
+    "unimplemented: non-floating point dtype"; torch.square of an int64 tensor is one);
+    a float tensor to 2 or 3 gets eager's x*x and x*(x*x) (the same rounding)."""
     if y == 0:
         return torch.ones_like(x)
     result, base = None, x
