@@ -12,7 +12,9 @@ from tori.cache import compile_key
 from tori.config import Codegen, Options
 from tori.errors import OptionsError
 from tori.targets import Target
+from tori.passes.packed_matmul import PACKED_MIN_ROWS
 from tori.targets.codegen import Family, choose, op_families
+from tori.targets.cpu import cpu_features
 from tori.testing import assert_matches_eager
 
 
@@ -105,8 +107,8 @@ def test_two_rules_naming_one_flag_give_it_once():
     torch.manual_seed(0)
     with torch.no_grad():
         gm = _aten_graph(_ConvTokens().eval(), torch.randn(1, 32, 56, 56))
-    strategy = choose(gm, Options(), (Target.CPU,))
-    assert {r.family for r in strategy.rules} == {Family.CONV2D, Family.MATMUL}
+    strategy = choose(gm, Options(cpu="haswell"), (Target.CPU,))
+    assert {r.family for r in strategy.rules} == {Family.CONV2D, Family.FLOAT_MATMUL}
     assert strategy.flags_for(Target.CPU)[1:] == ("--iree-opt-data-tiling=true",)
 
 
@@ -120,7 +122,64 @@ def test_small_convolutions_keep_iree_defaults():
 def test_matmul_only_graph_gets_data_tiling_alone():
     with torch.no_grad():
         gm = _aten_graph(nn.Linear(512, 512).eval(), torch.randn(64, 512))  # 0.034 GFLOP
-    assert choose(gm, Options(), (Target.CPU,)).flags_for(Target.CPU) == ("--iree-opt-data-tiling=true",)
+    strategy = choose(gm, Options(cpu="haswell"), (Target.CPU,))
+    assert strategy.flags_for(Target.CPU) == ("--iree-opt-data-tiling=true",)
+    assert strategy.packed_tile(Target.CPU) == (0, 0)
+
+
+def test_float32_linear_layers_get_toris_packed_tiles_for_avx512():
+    # IREE's 16x16 float32 tiles load once per FMA; tori's 14x32 hold 28 accumulators.
+    with torch.no_grad():
+        gm = _aten_graph(nn.Linear(512, 512).eval(), torch.randn(64, 512))
+    assert {u.family for u in op_families(gm)} == {Family.FLOAT_MATMUL}
+    strategy = choose(gm, Options(cpu="skylake-avx512"), (Target.CPU,))
+    assert strategy.flags_for(Target.CPU) == ("--iree-opt-data-tiling=true", "--iree-llvmcpu-enable-ukernels=none")
+    assert strategy.packed_tile(Target.CPU) == (14, 32)
+    assert "float32 matmul on cpu: tori's packed 14x32 tiles" in str(strategy)
+    # The user's microkernels know only IREE's tiles: IREE's data tiling then.
+    mine = choose(gm, Options(cpu="skylake-avx512", iree_flags=("--iree-llvmcpu-enable-ukernels=all",)), (Target.CPU,))
+    assert mine.packed_tile(Target.CPU) == (0, 0) and mine.flags_for(Target.CPU) == ("--iree-opt-data-tiling=true",)
+    # Fewer rows than a packed matmul's least (a decoding step's), or other element types: the matmul rule.
+    with torch.no_grad():
+        few = _aten_graph(nn.Linear(1024, 1024).eval(), torch.randn(PACKED_MIN_ROWS - 1, 1024))
+        doubles = _aten_graph(nn.Linear(512, 512).double().eval(), torch.randn(64, 512, dtype=torch.float64))
+    for graph in (few, doubles):
+        assert {u.family for u in op_families(graph)} == {Family.MATMUL}
+        assert choose(graph, Options(cpu="skylake-avx512"), (Target.CPU,)).packed_tile(Target.CPU) == (0, 0)
+
+
+_AVX512_HOST = "+avx512f" in cpu_features("host")
+
+
+@pytest.mark.skipif(not _AVX512_HOST, reason="tori's packed tiles are for AVX-512 CPUs; this one has none")
+@pytest.mark.parametrize("rows, inputs, outputs", [(64, 512, 512), (100, 480, 400), (197, 384, 1152)])
+def test_packed_matmuls_match_eager(rows, inputs, outputs):
+    # Rows and columns off the 14x32 tile are padded in the pack and dropped in the unpack.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(inputs, outputs), nn.GELU(), nn.Linear(outputs, inputs)).eval()
+    with torch.no_grad():
+        assert_matches_eager(model, torch.randn(rows, inputs), options={"cache": False}, rtol=1e-4, atol=1e-4)
+    graph = tori.last_compile().graphs[0]
+    assert graph.codegen.packed_tile(Target.CPU) == (14, 32)
+    assert "--iree-llvmcpu-enable-ukernels=none" in graph.stages["iree"]
+    vmfb = graph.stages["vmfb"]
+    m1 = -(-rows // 14)
+    assert f"mmt4d_{m1}x{-(-outputs // 32)}x{inputs}x14x32x1".encode() in vmfb
+    assert f"mmt4d_{m1}x{-(-inputs // 32)}x{outputs}x14x32x1".encode() in vmfb
+    assert b"_matmul_" not in vmfb
+
+
+@pytest.mark.skipif(not _AVX512_HOST, reason="tori's packed tiles are for AVX-512 CPUs; this one has none")
+def test_a_product_of_two_activations_is_packed_too():
+    class Product(nn.Module):
+        def forward(self, a, b):
+            return torch.relu(a) @ (b * 2)
+
+    torch.manual_seed(0)
+    a, b = torch.randn(96, 800), torch.randn(800, 200)  # 0.03 GFLOP, above the rule's least
+    with torch.no_grad():
+        assert_matches_eager(Product(), a, b, options={"cache": False}, rtol=1e-4, atol=1e-4)
+    assert b"mmt4d_7x7x800x14x32x1" in tori.last_compile().graphs[0].stages["vmfb"]
 
 
 def test_small_matmuls_keep_iree_defaults():

@@ -166,11 +166,12 @@ def _export(model: Any, args: tuple | None, kwargs: Mapping[str, Any] | None, *,
     module = importer.module
     if opts.tori_pipeline:
         run_pipeline(module, opts.tori_pipeline, graph=name)
-    lower_for_iree(module, opts, graph=name)
+    strategy = codegen.choose(graphs, opts, target_list)
+    lower_for_iree(module, opts, graph=name, packed_tile=strategy.packed_tile(target_list[0]))
     # Text when IREE's own ops are in it (parameters): their attributes parse only in IREE's context.
     source = str(module).encode() if module.context.allow_unregistered_dialects else to_bytecode(module)
     with stage(name, f"iree-compile ({', '.join(t.value for t in target_list)})"):
-        vmfbs = _compile(source, opts, target_list, name, codegen.choose(graphs, opts, target_list))
+        vmfbs = _compile(source, opts, target_list, name, strategy)
     return _write(output_dir, name=name, opts=opts, vmfbs=vmfbs, specs=specs, symbols=symbols, traced=traced,
                   entries=entries, parameters=hooks.tensors if hooks is not None else None, examples=examples,
                   c_embed=c_embed)

@@ -22,6 +22,7 @@ import torch.fx
 
 from tori.config import Codegen, Options
 from tori.targets import Target
+from tori.passes.packed_matmul import PACKED_MIN_COLUMNS, PACKED_MIN_ROWS
 from tori.targets.kernel_configs import NARROW_BATCH_MATMUL, NARROW_ROWS, SPEC_FLAG, KernelConfig, spec_path
 
 _aten = torch.ops.aten
@@ -38,6 +39,9 @@ class Family(str, enum.Enum):
     # mm and addmm of WIDE_MIN_ROWS rows or more onto a right operand of WIDE_WEIGHT_BYTES
     # or more: a language model's output projection onto its vocabulary
     WIDE_MATMUL = "matmul onto a large weight"
+    # other float32 mm and addmm of PACKED_MIN_ROWS rows or more onto PACKED_MIN_COLUMNS
+    # columns or more, static: a linear layer over a sequence or a batch of images
+    FLOAT_MATMUL = "float32 matmul"
 
     def __str__(self) -> str:
         return self.value
@@ -61,6 +65,10 @@ class Rule:
     # Tile sizes tori gives IREE for the family's ops (targets/kernel_configs.py),
     # merged, in table order, into one transform spec.
     kernels: tuple[KernelConfig, ...] = ()
+    # The (rows, columns) tile of tori's packed float32 matmuls (passes/packed_matmul.py)
+    # for the family's matmuls; IREE's microkernels know only their own tiles, so the
+    # rule's flags turn them off.
+    packed_tile: tuple[int, int] | None = None
     evidence: str = ""
 
 
@@ -73,6 +81,10 @@ _DATA_TILING = "--iree-opt-data-tiling=true"
 # dispatch fails to encode) compiles with it: 6-block transformer, width 256, 64 tokens,
 # batch 8, one thread, backward 168 ms with IREE's defaults, 114 with it (eager 79).
 _GLOBAL_DATA_TILING = "--iree-global-opt-data-tiling"
+_UKERNELS = "--iree-llvmcpu-enable-ukernels"
+_NO_UKERNELS = f"{_UKERNELS}=none"
+# tori's packed matmul tile for AVX-512 float32: 28 of its 32 registers accumulate.
+_AVX512_PACKED_TILE = (14, 32)
 # The bytes of each operand's tile that a workgroup of a data-tiled matmul takes (IREE's
 # default 256 KiB); larger tiles give a workgroup more rows, so that fewer workgroups
 # read each column tile of the right operand from memory. IREE's default gave Llama's
@@ -88,6 +100,12 @@ WIDE_WEIGHT_BYTES = 32 << 20
 # LLVM features of a CPU for which IREE's direct channels-last convolution kernel is
 # faster than img2col's columns and a matmul (measured on AVX-512 against AVX2 code).
 DIRECT_CONVOLUTION_FEATURES = ("+avx512f",)
+
+PACKED_EVIDENCE = (
+    "DeiT-small at 8 images, 2 cores (Intel Xeon with AVX-512, 2026-12-05): 436-447 ms with IREE's data-tiled "
+    "16x16 tiles, 376-380 in tori's 14x32 (eager 295-340 in the same processes); its MLP matmul "
+    "1576x384x1536 alone as linalg.mmt4d 8.4-8.9 ms in 16x16 tiles, 7.4 in 14x32 or 12x32, 9.0 in 8x32, "
+    "9.7 in 6x64 (eager 5.6); the MLP with its GELU 18.6 -> 15.8 ms")
 
 # Measured with benchmarks/bench_models.py and iree-profile (docs/performance.md,
 # "Code generation per op family"); batch 1, 224x224 images, 2 cores.
@@ -128,6 +146,10 @@ RULES: tuple[Rule, ...] = (
                   "whole module, and graphs without such a weight keep the matmul rule alone: ViT at 8 images "
                   "476.3 ms by default, 508.3 with 2 MiB. (An earlier bound of 512 rows came from timings that "
                   "mixed the driver trials' local-sync calls into local-task's.)"),
+    Rule(Target.CPU, Family.FLOAT_MATMUL, "tori's packed 14x32 tiles", flags=(_DATA_TILING, _NO_UKERNELS),
+         min_gflop=0.01, cpu_features=("+avx512f",), packed_tile=_AVX512_PACKED_TILE, evidence=PACKED_EVIDENCE),
+    Rule(Target.CPU, Family.FLOAT_MATMUL, "data-tiled matmul", flags=(_DATA_TILING,), min_gflop=0.01,
+         evidence="as the matmul rule's, below"),
     Rule(Target.CPU, Family.MATMUL, "data-tiled matmul", flags=(_DATA_TILING,), min_gflop=0.01,
          evidence="DeiT-tiny: 70.4 ms by default, 22.0 with data tiling (eager 12.6); a 1024 fp32 matmul "
                   "58 -> 156 GFLOP/s on an AVX2 EPYC; matmul+relu graphs on a Zen 5 EPYC: 256x512x512 "
@@ -155,6 +177,10 @@ class Strategy:
 
     def flags_for(self, target: Target) -> tuple[str, ...]:
         return self.flags.get(target, ())
+
+    def packed_tile(self, target: Target) -> tuple[int, int]:
+        """The tile of tori's packed matmuls for `target`, (0, 0) where IREE packs them."""
+        return next((r.packed_tile for r in self.rules if r.target is target and r.packed_tile), (0, 0))
 
     def without_rules(self, reason: str) -> "Strategy":
         return Strategy(self.uses, dropped=reason)
@@ -244,6 +270,17 @@ def _wide(node: torch.fx.Node) -> bool:
     return out[0] >= WIDE_MIN_ROWS and math.prod(right) * value.element_size() >= WIDE_WEIGHT_BYTES
 
 
+def _packable(node: torch.fx.Node) -> bool:
+    """A static float32 mm or addmm of PACKED_MIN_ROWS rows or more onto
+    PACKED_MIN_COLUMNS columns or more (what tori-packed-matmul rewrites)."""
+    value = node.meta.get("val")
+    if node.target not in (_aten.mm.default, _aten.addmm.default) or not isinstance(value, torch.Tensor):
+        return False
+    shape = tuple(value.shape)
+    return value.dtype == torch.float32 and len(shape) == 2 and all(isinstance(d, int) for d in shape) \
+        and shape[0] >= PACKED_MIN_ROWS and shape[1] >= PACKED_MIN_COLUMNS
+
+
 def op_families(graphs: torch.fx.GraphModule | Iterable[torch.fx.GraphModule]) -> tuple[FamilyUse, ...]:
     """The op families in functional ATen graphs (compiled into one module), with their
     op counts and work."""
@@ -256,7 +293,7 @@ def op_families(graphs: torch.fx.GraphModule | Iterable[torch.fx.GraphModule]) -
             family = _conv_family(node)
         elif node.target in MATMUL_OPS:
             family = Family.NARROW_BATCH_MATMUL if _narrow(node) else Family.WIDE_MATMUL if _wide(node) \
-                else Family.MATMUL
+                else Family.FLOAT_MATMUL if _packable(node) else Family.MATMUL
         if family is not None:
             ops[family] += 1
             flops[family] += _flops(node)
@@ -296,13 +333,15 @@ def choose(graphs: torch.fx.GraphModule | Iterable[torch.fx.GraphModule], option
         return Strategy(uses)
     work = {u.family: u.gflop for u in uses}
     chosen_rules: dict[tuple[Family, Target], Rule] = {}
+    user_flags = {_flag_name(f) for f in options.iree_flags}
     for rule in RULES:
         if (rule.family, rule.target) in chosen_rules or rule.target not in targets:
             continue
+        if rule.packed_tile and _UKERNELS in user_flags:
+            continue  # the user's microkernels would take tori's tiles: IREE's data tiling instead
         if rule.family in work and work[rule.family] >= rule.min_gflop and _cpu_has(options, rule):
             chosen_rules[(rule.family, rule.target)] = rule
     rules = tuple(chosen_rules.values())
-    user_flags = {_flag_name(f) for f in options.iree_flags}
     flags: dict[Target, tuple[str, ...]] = {}
     for target in targets:
         mine = [r for r in rules if r.target is target]

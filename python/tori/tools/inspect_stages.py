@@ -58,7 +58,8 @@ def inspect(fn: Callable, *example_inputs: Any, stages: Iterable[str | Stage] | 
     from tori.frontend.importer import import_graph
     from tori.passes import run_pipeline
     from tori.passes.lower_dialect import lower_for_iree
-    from tori.targets.build import invocation as build_invocation
+    from tori.targets import codegen
+    from tori.targets.build import compiled_targets, invocation as build_invocation
     from tori.tools.dump import elided
 
     merged = dict(options or {})
@@ -99,8 +100,9 @@ def inspect(fn: Callable, *example_inputs: Any, stages: Iterable[str | Stage] | 
                 if Stage.TORI in wanted:
                     texts[Stage.TORI.value] = show(str(module))
                 if Stage.IREE in wanted:
-                    lower_for_iree(module, opts, graph=name)
-                    command = build_invocation(opts, opts.target)
+                    strategy = codegen.choose(aot_gm, opts, compiled_targets(opts))
+                    lower_for_iree(module, opts, graph=name, packed_tile=strategy.packed_tile(opts.target))
+                    command = build_invocation(opts, opts.target, codegen=strategy)
                     texts[Stage.IREE.value] = (f"// {command.shell_command(f'{name}.mlir', f'{name}.vmfb')}\n"
                                                + show(str(module)))
             return make_boxed_func(aot_gm.forward)

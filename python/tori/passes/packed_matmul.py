@@ -1,0 +1,155 @@
+"""tori-packed-matmul: a float32 matmul reaches IREE packed in tori's tiles, as
+`linalg.pack`, `linalg.mmt4d` and `linalg.unpack`, instead of a `linalg.matmul` for
+IREE's data tiling to pack.
+
+IREE's data tiling packs float32 operands for AVX-512 in 16x16 tiles (16 rows of the
+left operand, 16 columns of the right, one step of the reduction): each step loads one
+vector of the right operand and broadcasts 16 values of the left, one load per FMA,
+which holds its matmuls to 60-75% of eager's rate on a core that issues two FMAs a
+cycle. A 14x32 tile holds 28 accumulators (of AVX-512's 32 registers), two vector
+loads and 14 broadcasts per 28 FMAs. The kernel alone (2 cores, Intel Xeon, DeiT-small's
+MLP at 8 images, 1576x384 by 384x1536): 8.4-8.9 ms in 16x16 tiles, 7.4 in 14x32 or
+12x32, 9.0 in 8x32, 9.7 in 6x64; eager 5.6 (docs/performance.md). IREE picks its
+vector code for the `linalg.mmt4d` from the tile (`Mmt4dTilingExpert`); its
+microkernels know only their own tiles, so a module with these matmuls is compiled
+with `--iree-llvmcpu-enable-ukernels=none` (targets/codegen.py).
+
+The right operand is read where it is stored: `mm(x, permute(w, [1, 0]))` of a linear
+layer's [N, K] weight packs `w` row-blocks directly. For a resident weight IREE hoists
+the pack into the module's initializer. The left operand's pack joins the dispatch
+that computes it, the unpack the dispatch that reads the result.
+
+The tile is chosen for the CPU compiled for (`lower_for_iree` from
+targets/codegen.py's `packed_matmul_tile`); `rows=0` leaves every matmul to IREE.
+
+Rewrites: `torch.aten.mm` of static float32 [M, K] and [K, N] operands with M at
+least `min_rows` and N at least the tile's columns, into a call of a private function
+of builtin tensors (one per form), `torch_c` casts around the call.
+
+Never changes: batched matmuls, matmuls of fewer rows (a decoding step's), dynamic
+shapes, other element types, and every module when `rows` is 0.
+
+Example (rows=14 cols=32):
+    %t = torch.aten.permute %w, [1, 0] : !torch.vtensor<[1536,384],f32> -> !torch.vtensor<[384,1536],f32>
+    %y = torch.aten.mm %x, %t : !torch.vtensor<[1576,384],f32>, !torch.vtensor<[384,1536],f32> -> !torch.vtensor<[1576,1536],f32>
+becomes
+    %y0 = func.call @tori_packed_mm_1576x384x1536_nk_14x32(%x0, %w0)
+           : (tensor<1576x384xf32>, tensor<1536x384xf32>) -> tensor<1576x1536xf32>
+    func.func private @tori_packed_mm_1576x384x1536_nk_14x32(...) {
+      (pack x into [113, 384, 14, 1] and w into [48, 384, 32, 1], linalg.mmt4d, unpack)
+    }
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from torch_mlir import ir
+
+from tori.passes.depthwise_nhwc import _int_pair, call_private_function, ops_named, owner_named
+from tori.passes.registry import register_pass
+
+PASS_NAME = "tori-packed-matmul"
+
+# The least rows and columns of a matmul this pass rewrites (its `min_rows` and the
+# tile's columns; targets/codegen.py's float32 matmul family). A decoding step's matmuls
+# (a few rows) stay with IREE's narrow tiles.
+PACKED_MIN_ROWS = 64
+PACKED_MIN_COLUMNS = 32
+
+_VTENSOR = re.compile(r"^!torch\.vtensor<\[([0-9,]+)\],f32>$")
+
+
+def _shape(value: ir.Value) -> list[int] | None:
+    match = _VTENSOR.match(str(value.type))
+    return [int(d) for d in match.group(1).split(",")] if match else None
+
+
+def _tensor(*dims: int) -> str:
+    return f"tensor<{'x'.join(map(str, dims))}xf32>"
+
+
+@dataclass(frozen=True)
+class PackedMatmul:
+    """One form of matmul: the function name and body depend only on it."""
+
+    m: int
+    k: int
+    n: int
+    rows: int          # the tile's rows of the left operand
+    cols: int          # the tile's columns of the right operand
+    weight_nk: bool    # the right operand given as its [N, K] transpose
+
+    @property
+    def name(self) -> str:
+        layout = "_nk" if self.weight_nk else ""
+        return f"tori_packed_mm_{self.m}x{self.k}x{self.n}{layout}_{self.rows}x{self.cols}"
+
+    def function(self, location: str = "") -> str:
+        """The private function's MLIR text; its ops carry `location` (the matmul's,
+        printed), so that IREE's dispatches name the torch op they compute."""
+        m, k, n, rows, cols = self.m, self.k, self.n, self.rows, self.cols
+        m1, n1 = -(-m // rows), -(-n // cols)
+        right = _tensor(n, k) if self.weight_nk else _tensor(k, n)
+        # [N, K] row blocks as they lie; [K, N] column blocks, transposed as packed
+        right_dims = "inner_dims_pos = [0, 1]" if self.weight_nk else \
+            "outer_dims_perm = [1, 0] inner_dims_pos = [1, 0]"
+        packed_left, packed_right, packed_out = _tensor(m1, k, rows, 1), _tensor(n1, k, cols, 1), \
+            _tensor(m1, n1, rows, cols)
+        ops = [
+            f"func.func private @{self.name}(%x: {_tensor(m, k)}, %w: {right}) -> {_tensor(m, n)} {{",
+            "  %zero = arith.constant 0.0 : f32",
+            f"  %a0 = tensor.empty() : {packed_left}",
+            f"  %a = linalg.pack %x padding_value(%zero : f32) inner_dims_pos = [0, 1] inner_tiles = [{rows}, 1] "
+            f"into %a0 : {_tensor(m, k)} -> {packed_left}",
+            f"  %b0 = tensor.empty() : {packed_right}",
+            f"  %b = linalg.pack %w padding_value(%zero : f32) {right_dims} inner_tiles = [{cols}, 1] "
+            f"into %b0 : {right} -> {packed_right}",
+            f"  %c0 = tensor.empty() : {packed_out}",
+            f"  %c1 = linalg.fill ins(%zero : f32) outs(%c0 : {packed_out}) -> {packed_out}",
+            f"  %c = linalg.mmt4d ins(%a, %b : {packed_left}, {packed_right}) outs(%c1 : {packed_out}) -> {packed_out}",
+            f"  %y0 = tensor.empty() : {_tensor(m, n)}",
+            f"  %y = linalg.unpack %c inner_dims_pos = [0, 1] inner_tiles = [{rows}, {cols}] into %y0 "
+            f": {packed_out} -> {_tensor(m, n)}",
+            f"  return %y : {_tensor(m, n)}",
+            "}",
+        ]
+        return "\n".join(f"{line} {location}" if location and line.startswith("  %") else line for line in ops)
+
+
+def _transposed(value: ir.Value) -> ir.Value | None:
+    """The [N, K] tensor that `value` is `permute([1, 0])` of, else None."""
+    permute = owner_named(value, "torch.aten.permute")
+    if permute is None or _int_pair(permute.operands[1]) != (1, 0) or _shape(permute.operands[0]) is None:
+        return None
+    return permute.operands[0]
+
+
+def matmul_form(op: ir.Operation, rows: int, cols: int, min_rows: int) -> tuple[PackedMatmul, list[ir.Value]] | None:
+    """The form of a `torch.aten.mm` this pass rewrites and the function's operands, else None."""
+    if op.name != "torch.aten.mm" or rows <= 0 or cols <= 0:
+        return None
+    x, right = op.operands
+    lhs, rhs, out = _shape(x), _shape(right), _shape(op.results[0])
+    if lhs is None or rhs is None or out is None or len(lhs) != 2 or len(rhs) != 2:
+        return None
+    (m, k), (k_right, n) = lhs, rhs
+    if k != k_right or out != [m, n] or m < max(min_rows, rows) or n < cols:
+        return None
+    weight = _transposed(right)
+    form = PackedMatmul(m, k, n, rows, cols, weight_nk=weight is not None)
+    return form, [x, weight if weight is not None else right]
+
+
+@register_pass(PASS_NAME)
+def packed_matmul(op: ir.Operation, pass_: object, *, rows: int = 0, cols: int = 0,
+                  min_rows: int = PACKED_MIN_ROWS) -> None:
+    """Rewrite each float32 matmul of `min_rows` rows or more into packed tiles of
+    `rows` x `cols` (`rows=0`: nothing changes)."""
+    for mm in ops_named(op, "torch.aten.mm"):
+        found = matmul_form(mm, rows, cols, min_rows)
+        if found is None:
+            continue
+        form, operands = found
+        call_private_function(op, mm, form.name, form.function(str(mm.location)), operands, [ir.F32Type.get()] * 2)

@@ -1,0 +1,138 @@
+"""FileCheck tests of tori-packed-matmul: a float32 matmul of enough rows becomes a call
+of a function that packs both operands in tori's tiles, multiplies them with
+`linalg.mmt4d` and unpacks the result; a linear layer's [N, K] weight is packed as it
+lies. Matmuls of few rows, other element types, batched matmuls, and modules without a
+tile (`rows=0`, the default) are left as they are."""
+
+PIPELINE = "tori-packed-matmul{rows=14 cols=32}"
+
+DIMS = """
+          %int0 = torch.constant.int 0
+          %int1 = torch.constant.int 1
+          %dims = torch.prim.ListConstruct %int1, %int0 : (!torch.int, !torch.int) -> !torch.list<int>"""
+
+
+def t(*dims: int, element: str = "f32") -> str:
+    return f"!torch.vtensor<[{','.join(map(str, dims))}],{element}>"
+
+
+def linear(m: int, k: int, n: int, element: str = "f32") -> str:
+    """`@lin`: mm of an [m, k] matrix and the transpose of an [n, k] weight."""
+    x, w, wt, out = t(m, k, element=element), t(n, k, element=element), t(k, n, element=element), \
+        t(m, n, element=element)
+    return f"""
+        func.func @lin(%arg0: {x}, %arg1: {w}) -> {out} {{
+          {DIMS}
+          %t = torch.aten.permute %arg1, %dims : {w}, !torch.list<int> -> {wt}
+          %0 = torch.aten.mm %arg0, %t : {x}, {wt} -> {out}
+          return %0 : {out}
+        }}
+    """
+
+
+def test_a_linear_layer_packs_its_weight_rows_as_they_lie(filecheck):
+    filecheck(linear(1576, 384, 1536), """
+        # CHECK-LABEL: func.func @lin
+        # CHECK-DAG:     %[[X:.+]] = "torch_c.to_builtin_tensor"(%arg0) : (!torch.vtensor<[1576,384],f32>) -> tensor<1576x384xf32>
+        # CHECK-DAG:     %[[W:.+]] = "torch_c.to_builtin_tensor"(%arg1) : (!torch.vtensor<[1536,384],f32>) -> tensor<1536x384xf32>
+        # CHECK:         %[[R:.+]] = call @tori_packed_mm_1576x384x1536_nk_14x32(%[[X]], %[[W]])
+        # CHECK:         "torch_c.from_builtin_tensor"(%[[R]]) : (tensor<1576x1536xf32>) -> !torch.vtensor<[1576,1536],f32>
+        # CHECK-NOT:     torch.aten.mm
+        # CHECK-LABEL: func.func private @tori_packed_mm_1576x384x1536_nk_14x32
+        # CHECK:         %[[A:.+]] = linalg.pack %arg0 padding_value(%{{.+}} : f32) inner_dims_pos = [0, 1] inner_tiles = [14, 1]
+        # CHECK-SAME:      : tensor<1576x384xf32> -> tensor<113x384x14x1xf32>
+        # CHECK:         %[[B:.+]] = linalg.pack %arg1 padding_value(%{{.+}} : f32) inner_dims_pos = [0, 1] inner_tiles = [32, 1]
+        # CHECK-SAME:      : tensor<1536x384xf32> -> tensor<48x384x32x1xf32>
+        # CHECK:         %[[C:.+]] = linalg.fill
+        # CHECK:         %[[P:.+]] = linalg.mmt4d ins(%[[A]], %[[B]] : tensor<113x384x14x1xf32>, tensor<48x384x32x1xf32>)
+        # CHECK-SAME:      outs(%[[C]] : tensor<113x48x14x32xf32>)
+        # CHECK:         linalg.unpack %[[P]] inner_dims_pos = [0, 1] inner_tiles = [14, 32]
+        # CHECK-SAME:      : tensor<113x48x14x32xf32> -> tensor<1576x1536xf32>
+    """)
+
+
+def test_a_right_operand_of_k_by_n_is_packed_transposed_and_padded(filecheck):
+    x, w, out = t(64, 48), t(48, 40), t(64, 40)
+    filecheck(f"""
+        func.func @mm(%arg0: {x}, %arg1: {w}) -> {out} {{
+          %0 = torch.aten.mm %arg0, %arg1 : {x}, {w} -> {out}
+          return %0 : {out}
+        }}
+    """, """
+        # CHECK-LABEL: func.func @mm
+        # CHECK:         call @tori_packed_mm_64x48x40_14x32(
+        # CHECK-LABEL: func.func private @tori_packed_mm_64x48x40_14x32
+        # CHECK:         linalg.pack %arg0 {{.+}} : tensor<64x48xf32> -> tensor<5x48x14x1xf32>
+        # CHECK:         linalg.pack %arg1 padding_value(%{{.+}} : f32) outer_dims_perm = [1, 0] inner_dims_pos = [1, 0] inner_tiles = [32, 1]
+        # CHECK-SAME:      : tensor<48x40xf32> -> tensor<2x48x32x1xf32>
+        # CHECK:         linalg.mmt4d
+        # CHECK:         linalg.unpack {{.+}} : tensor<5x2x14x32xf32> -> tensor<64x40xf32>
+    """)
+
+
+def test_layers_of_one_shape_share_one_function(filecheck):
+    x, w, wt = t(128, 64), t(64, 64), t(64, 64)
+    output = filecheck(f"""
+        func.func @two(%arg0: {x}, %arg1: {w}, %arg2: {w}) -> {x} {{
+          {DIMS}
+          %t = torch.aten.permute %arg1, %dims : {w}, !torch.list<int> -> {wt}
+          %0 = torch.aten.mm %arg0, %t : {x}, {wt} -> {x}
+          %u = torch.aten.permute %arg2, %dims : {w}, !torch.list<int> -> {wt}
+          %1 = torch.aten.mm %0, %u : {x}, {wt} -> {x}
+          return %1 : {x}
+        }}
+    """, """
+        # CHECK-LABEL: func.func @two
+        # CHECK:         call @tori_packed_mm_128x64x64_nk_14x32(
+        # CHECK:         call @tori_packed_mm_128x64x64_nk_14x32(
+        # CHECK-NOT:     torch.aten.mm
+    """)
+    assert output.count("func.func private @tori_packed_mm_128x64x64_nk_14x32") == 1
+
+
+def test_few_rows_other_types_and_batched_matmuls_are_left_alone(filecheck):
+    few, ints = linear(63, 64, 64), linear(128, 64, 64, element="si32")
+    b, bo = t(4, 128, 64), t(4, 128, 128)
+    filecheck(few + ints.replace("@lin", "@ints") + f"""
+        func.func @bmm(%arg0: {b}, %arg1: !torch.vtensor<[4,64,128],f32>) -> {bo} {{
+          %0 = torch.aten.bmm %arg0, %arg1 : {b}, !torch.vtensor<[4,64,128],f32> -> {bo}
+          return %0 : {bo}
+        }}
+    """, """
+        # CHECK-LABEL: func.func @lin
+        # CHECK:         torch.aten.mm
+        # CHECK-LABEL: func.func @ints
+        # CHECK:         torch.aten.mm
+        # CHECK-LABEL: func.func @bmm
+        # CHECK:         torch.aten.bmm
+        # CHECK-NOT:     tori_packed_mm
+    """)
+
+
+def test_narrow_columns_and_dynamic_rows_are_left_alone(filecheck):
+    x, w, out = t(128, 64), t(64, 31), t(128, 31)
+    dx, dout = "!torch.vtensor<[?,64],f32>", "!torch.vtensor<[?,64],f32>"
+    filecheck(f"""
+        func.func @narrow(%arg0: {x}, %arg1: {w}) -> {out} {{
+          %0 = torch.aten.mm %arg0, %arg1 : {x}, {w} -> {out}
+          return %0 : {out}
+        }}
+        func.func @dynamic(%arg0: {dx}, %arg1: !torch.vtensor<[64,64],f32>) -> {dout} {{
+          %0 = torch.aten.mm %arg0, %arg1 : {dx}, !torch.vtensor<[64,64],f32> -> {dout}
+          return %0 : {dout}
+        }}
+    """, """
+        # CHECK-LABEL: func.func @narrow
+        # CHECK:         torch.aten.mm
+        # CHECK-LABEL: func.func @dynamic
+        # CHECK:         torch.aten.mm
+        # CHECK-NOT:     tori_packed_mm
+    """)
+
+
+def test_without_a_tile_nothing_changes(filecheck):
+    filecheck(linear(1576, 384, 1536), """
+        # CHECK-LABEL: func.func @lin
+        # CHECK:         torch.aten.mm
+        # CHECK-NOT:     tori_packed_mm
+    """, pipeline="tori-packed-matmul")
