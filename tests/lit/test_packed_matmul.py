@@ -136,3 +136,38 @@ def test_without_a_tile_nothing_changes(filecheck):
         # CHECK:         torch.aten.mm
         # CHECK-NOT:     tori_packed_mm
     """, pipeline="tori-packed-matmul")
+
+
+def test_a_matmul_after_a_convolution_is_left_to_iree(filecheck):
+    # ResNet's 1x1 convolution after its 3x3 one, as frontend/decomp/grouped_conv.py
+    # writes it: IREE fused the pack into the convolution's dispatch, which then crawled.
+    x, w, c, o = t(8, 64, 8, 8), t(64, 64, 3, 3), t(8, 64, 8, 8), t(8, 8, 8, 64)
+    filecheck(f"""
+        func.func @conv_then_mm(%arg0: {x}, %arg1: {w}, %arg2: {t(64, 64)}) -> {t(512, 64)} {{
+          %none = torch.constant.none
+          %false = torch.constant.bool false
+          %int0 = torch.constant.int 0
+          %int1 = torch.constant.int 1
+          %int2 = torch.constant.int 2
+          %int3 = torch.constant.int 3
+          %int512 = torch.constant.int 512
+          %int64 = torch.constant.int 64
+          %ones = torch.prim.ListConstruct %int1, %int1 : (!torch.int, !torch.int) -> !torch.list<int>
+          %zeros = torch.prim.ListConstruct %int0, %int0 : (!torch.int, !torch.int) -> !torch.list<int>
+          %0 = torch.aten.convolution %arg0, %arg1, %none, %ones, %ones, %ones, %false, %zeros, %int1 : {x}, {w}, !torch.none, !torch.list<int>, !torch.list<int>, !torch.list<int>, !torch.bool, !torch.list<int>, !torch.int -> {c}
+          %1 = torch.aten.relu %0 : {c} -> {c}
+          %perm = torch.prim.ListConstruct %int0, %int2, %int3, %int1 : (!torch.int, !torch.int, !torch.int, !torch.int) -> !torch.list<int>
+          %2 = torch.aten.permute %1, %perm : {c}, !torch.list<int> -> {o}
+          %size = torch.prim.ListConstruct %int512, %int64 : (!torch.int, !torch.int) -> !torch.list<int>
+          %3 = torch.aten.view %2, %size : {o}, !torch.list<int> -> {t(512, 64)}
+          %4 = torch.aten.mm %3, %arg2 : {t(512, 64)}, {t(64, 64)} -> {t(512, 64)}
+          %5 = torch.aten.mm %4, %arg2 : {t(512, 64)}, {t(64, 64)} -> {t(512, 64)}
+          return %5 : {t(512, 64)}
+        }}
+    """, """
+        # CHECK-LABEL: func.func @conv_then_mm
+        # CHECK:         torch.aten.convolution
+        # CHECK:         %[[FIRST:.+]] = torch.aten.mm
+        # CHECK:         "torch_c.to_builtin_tensor"(%[[FIRST]])
+        # CHECK:         call @tori_packed_mm_512x64x64_14x32(
+    """)
