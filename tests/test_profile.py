@@ -75,6 +75,9 @@ def test_contraction_work_comes_from_the_dispatch_name():
     assert contraction_gflop("main$async_dispatch_9_batch_matmul_3x197x64x197_f32") == pytest.approx(
         2 * 3 * 197 * 64 * 197 / 1e9)
     assert contraction_gflop("main$async_dispatch_1_elementwise_broadcast_2916x64_f32") is None
+    # tori's packed matmul (passes/packed_matmul.py): the work of its padded tiles
+    assert contraction_gflop("main$async_dispatch_3_mmt4d_113x48x384x14x32x1_f32") == pytest.approx(
+        2 * 113 * 14 * 48 * 32 * 384 / 1e9)
 
 
 def test_dispatch_ops_reads_locations_of_each_executable():
@@ -87,8 +90,15 @@ def test_dispatch_ops_reads_locations_of_each_executable():
   flow.executable private @main$async_dispatch_1 {
     flow.executable.export public @main$async_dispatch_1_conv_1x2x2x3x3_f32 workgroups() -> (index, index, index) {
     } loc("aten.max_pool2d_with_indices.default"("module pool (MaxPool2d)"))
+  }
+  flow.executable private @main$async_dispatch_2 {
+    flow.executable.export public @main$async_dispatch_2_mmt4d_1x1x4x14x32x1_f32 workgroups() -> (index, index, index) {
+    }
+    %4 = linalg.mmt4d ins(%0, %1) loc(callsite("aten.mm.default"("module fc (Linear)") at "aten.mm.default"("module fc (Linear)")))
   }'''
     found = dispatch_ops(flow)
+    packed = found["main$async_dispatch_2_mmt4d_1x1x4x14x32x1_f32"]
+    assert packed.ops == ["aten.mm.default"] and packed.contraction
     first = found["main$async_dispatch_0_matmul_4x4x4_f32"]
     assert first.ops == ["aten.mm.default", "aten.relu.default"] and first.contraction
     assert first.sources == ["model.py:12", "fc (Linear)"]

@@ -52,7 +52,7 @@ def test_a_linear_layer_packs_its_weight_rows_as_they_lie(filecheck):
 
 
 def test_a_right_operand_of_k_by_n_is_packed_transposed_and_padded(filecheck):
-    x, w, out = t(64, 48), t(48, 40), t(64, 40)
+    x, w, out = t(200, 480), t(480, 400), t(200, 400)
     filecheck(f"""
         func.func @mm(%arg0: {x}, %arg1: {w}) -> {out} {{
           %0 = torch.aten.mm %arg0, %arg1 : {x}, {w} -> {out}
@@ -60,18 +60,18 @@ def test_a_right_operand_of_k_by_n_is_packed_transposed_and_padded(filecheck):
         }}
     """, """
         # CHECK-LABEL: func.func @mm
-        # CHECK:         call @tori_packed_mm_64x48x40_14x32(
-        # CHECK-LABEL: func.func private @tori_packed_mm_64x48x40_14x32
-        # CHECK:         linalg.pack %arg0 {{.+}} : tensor<64x48xf32> -> tensor<5x48x14x1xf32>
+        # CHECK:         call @tori_packed_mm_200x480x400_14x32(
+        # CHECK-LABEL: func.func private @tori_packed_mm_200x480x400_14x32
+        # CHECK:         linalg.pack %arg0 {{.+}} : tensor<200x480xf32> -> tensor<15x480x14x1xf32>
         # CHECK:         linalg.pack %arg1 padding_value(%{{.+}} : f32) outer_dims_perm = [1, 0] inner_dims_pos = [1, 0] inner_tiles = [32, 1]
-        # CHECK-SAME:      : tensor<48x40xf32> -> tensor<2x48x32x1xf32>
+        # CHECK-SAME:      : tensor<480x400xf32> -> tensor<13x480x32x1xf32>
         # CHECK:         linalg.mmt4d
-        # CHECK:         linalg.unpack {{.+}} : tensor<5x2x14x32xf32> -> tensor<64x40xf32>
+        # CHECK:         linalg.unpack {{.+}} : tensor<15x13x14x32xf32> -> tensor<200x400xf32>
     """)
 
 
 def test_layers_of_one_shape_share_one_function(filecheck):
-    x, w, wt = t(128, 64), t(64, 64), t(64, 64)
+    x, w, wt = t(512, 256), t(256, 256), t(256, 256)
     output = filecheck(f"""
         func.func @two(%arg0: {x}, %arg1: {w}, %arg2: {w}) -> {x} {{
           {DIMS}
@@ -83,15 +83,15 @@ def test_layers_of_one_shape_share_one_function(filecheck):
         }}
     """, """
         # CHECK-LABEL: func.func @two
-        # CHECK:         call @tori_packed_mm_128x64x64_nk_14x32(
-        # CHECK:         call @tori_packed_mm_128x64x64_nk_14x32(
+        # CHECK:         call @tori_packed_mm_512x256x256_nk_14x32(
+        # CHECK:         call @tori_packed_mm_512x256x256_nk_14x32(
         # CHECK-NOT:     torch.aten.mm
     """)
-    assert output.count("func.func private @tori_packed_mm_128x64x64_nk_14x32") == 1
+    assert output.count("func.func private @tori_packed_mm_512x256x256_nk_14x32") == 1
 
 
 def test_few_rows_other_types_and_batched_matmuls_are_left_alone(filecheck):
-    few, ints = linear(63, 64, 64), linear(128, 64, 64, element="si32")
+    few, ints = linear(63, 1024, 1024), linear(512, 256, 256, element="si32")
     b, bo = t(4, 128, 64), t(4, 128, 128)
     filecheck(few + ints.replace("@lin", "@ints") + f"""
         func.func @bmm(%arg0: {b}, %arg1: !torch.vtensor<[4,64,128],f32>) -> {bo} {{
@@ -109,8 +109,12 @@ def test_few_rows_other_types_and_batched_matmuls_are_left_alone(filecheck):
     """)
 
 
-def test_narrow_columns_and_dynamic_rows_are_left_alone(filecheck):
-    x, w, out = t(128, 64), t(64, 31), t(128, 31)
+def test_narrow_columns_shallow_or_small_products_and_dynamic_rows_are_left_alone(filecheck):
+    # 31 columns (short of a tile), a reduction of 63 (EfficientNet's first 1x1
+    # convolutions: the packs cost more than they save), 2 M N K under 64 MFLOP.
+    x, w, out = t(4096, 256), t(256, 31), t(4096, 31)
+    shallow = linear(4096, 63, 512).replace("@lin", "@shallow")
+    small = linear(256, 256, 256).replace("@lin", "@small")
     dx, dout = "!torch.vtensor<[?,64],f32>", "!torch.vtensor<[?,64],f32>"
     filecheck(f"""
         func.func @narrow(%arg0: {x}, %arg1: {w}) -> {out} {{
@@ -121,10 +125,14 @@ def test_narrow_columns_and_dynamic_rows_are_left_alone(filecheck):
           %0 = torch.aten.mm %arg0, %arg1 : {dx}, !torch.vtensor<[64,64],f32> -> {dout}
           return %0 : {dout}
         }}
-    """, """
+    """ + shallow + small, """
         # CHECK-LABEL: func.func @narrow
         # CHECK:         torch.aten.mm
         # CHECK-LABEL: func.func @dynamic
+        # CHECK:         torch.aten.mm
+        # CHECK-LABEL: func.func @shallow
+        # CHECK:         torch.aten.mm
+        # CHECK-LABEL: func.func @small
         # CHECK:         torch.aten.mm
         # CHECK-NOT:     tori_packed_mm
     """)
@@ -141,9 +149,9 @@ def test_without_a_tile_nothing_changes(filecheck):
 def test_a_matmul_after_a_convolution_is_left_to_iree(filecheck):
     # ResNet's 1x1 convolution after its 3x3 one, as frontend/decomp/grouped_conv.py
     # writes it: IREE fused the pack into the convolution's dispatch, which then crawled.
-    x, w, c, o = t(8, 64, 8, 8), t(64, 64, 3, 3), t(8, 64, 8, 8), t(8, 8, 8, 64)
+    x, w, c, o = t(8, 256, 8, 8), t(256, 256, 3, 3), t(8, 256, 8, 8), t(8, 8, 8, 256)
     filecheck(f"""
-        func.func @conv_then_mm(%arg0: {x}, %arg1: {w}, %arg2: {t(64, 64)}) -> {t(512, 64)} {{
+        func.func @conv_then_mm(%arg0: {x}, %arg1: {w}, %arg2: {t(256, 256)}) -> {t(512, 256)} {{
           %none = torch.constant.none
           %false = torch.constant.bool false
           %int0 = torch.constant.int 0
@@ -151,23 +159,23 @@ def test_a_matmul_after_a_convolution_is_left_to_iree(filecheck):
           %int2 = torch.constant.int 2
           %int3 = torch.constant.int 3
           %int512 = torch.constant.int 512
-          %int64 = torch.constant.int 64
+          %int256 = torch.constant.int 256
           %ones = torch.prim.ListConstruct %int1, %int1 : (!torch.int, !torch.int) -> !torch.list<int>
           %zeros = torch.prim.ListConstruct %int0, %int0 : (!torch.int, !torch.int) -> !torch.list<int>
           %0 = torch.aten.convolution %arg0, %arg1, %none, %ones, %ones, %ones, %false, %zeros, %int1 : {x}, {w}, !torch.none, !torch.list<int>, !torch.list<int>, !torch.list<int>, !torch.bool, !torch.list<int>, !torch.int -> {c}
           %1 = torch.aten.relu %0 : {c} -> {c}
           %perm = torch.prim.ListConstruct %int0, %int2, %int3, %int1 : (!torch.int, !torch.int, !torch.int, !torch.int) -> !torch.list<int>
           %2 = torch.aten.permute %1, %perm : {c}, !torch.list<int> -> {o}
-          %size = torch.prim.ListConstruct %int512, %int64 : (!torch.int, !torch.int) -> !torch.list<int>
-          %3 = torch.aten.view %2, %size : {o}, !torch.list<int> -> {t(512, 64)}
-          %4 = torch.aten.mm %3, %arg2 : {t(512, 64)}, {t(64, 64)} -> {t(512, 64)}
-          %5 = torch.aten.mm %4, %arg2 : {t(512, 64)}, {t(64, 64)} -> {t(512, 64)}
-          return %5 : {t(512, 64)}
+          %size = torch.prim.ListConstruct %int512, %int256 : (!torch.int, !torch.int) -> !torch.list<int>
+          %3 = torch.aten.view %2, %size : {o}, !torch.list<int> -> {t(512, 256)}
+          %4 = torch.aten.mm %3, %arg2 : {t(512, 256)}, {t(256, 256)} -> {t(512, 256)}
+          %5 = torch.aten.mm %4, %arg2 : {t(512, 256)}, {t(256, 256)} -> {t(512, 256)}
+          return %5 : {t(512, 256)}
         }}
     """, """
         # CHECK-LABEL: func.func @conv_then_mm
         # CHECK:         torch.aten.convolution
         # CHECK:         %[[FIRST:.+]] = torch.aten.mm
         # CHECK:         "torch_c.to_builtin_tensor"(%[[FIRST]])
-        # CHECK:         call @tori_packed_mm_512x64x64_14x32(
+        # CHECK:         call @tori_packed_mm_512x256x256_14x32(
     """)

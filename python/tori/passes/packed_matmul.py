@@ -23,7 +23,8 @@ The tile is chosen for the CPU compiled for (`lower_for_iree` from
 targets/codegen.py's `packed_matmul_tile`); `rows=0` leaves every matmul to IREE.
 
 Rewrites: `torch.aten.mm` of static float32 [M, K] and [K, N] operands with M at
-least `min_rows` and N at least the tile's columns, into a call of a private function
+least `min_rows`, N at least the tile's columns, K at least PACKED_MIN_DEPTH and
+PACKED_MIN_FLOP of work, into a call of a private function
 of builtin tensors (one per form), `torch_c` casts around the call.
 
 Never changes: batched matmuls, matmuls of fewer rows (a decoding step's), matmuls
@@ -58,6 +59,15 @@ PASS_NAME = "tori-packed-matmul"
 # (a few rows) stay with IREE's narrow tiles.
 PACKED_MIN_ROWS = 64
 PACKED_MIN_COLUMNS = 32
+# The least reduction: below it the packs and the unpack cost more than the tiles save
+# (EfficientNet-B0's first 1x1 convolutions, 12544 pixels of 16 channels onto 96: at
+# one image 15.0-15.6 ms with them packed, 14.0-14.3 without).
+PACKED_MIN_DEPTH = 64
+# The least work of one matmul (2 M N K): below it the pack and unpack dispatches cost
+# more than the tiles save (EfficientNet-B0 at one image, its 1x1 convolutions of 196
+# pixels, 672 and 112 channels, 29.5 MFLOP: 15.5 ms packed against 14.5, 3.8 against
+# 3.1 ms outside the dispatches).
+PACKED_MIN_FLOP = 64e6
 # A matmul whose left operand a convolution computes through this many ops or fewer (a
 # 1x1 convolution after a 3x3 one, frontend/decomp/grouped_conv.py) stays with IREE:
 # IREE fused the pack into the convolution's dispatch, whose direct kernel then ran at
@@ -138,7 +148,8 @@ def _fed_by_convolution(value: ir.Value, depth: int = CONVOLUTION_DEPTH) -> bool
     owner = getattr(value.owner, "operation", value.owner)
     if not isinstance(owner, ir.Operation):
         return False
-    if owner.name == "torch.aten.convolution":
+    if owner.name == "torch.aten.convolution" or (
+            owner.name == "func.call" and str(owner.attributes["callee"]).startswith("@tori_depthwise_")):
         return True
     if depth == 0 or owner.name in ("torch.aten.mm", "torch.aten.bmm", "func.call"):
         return False
@@ -154,7 +165,8 @@ def matmul_form(op: ir.Operation, rows: int, cols: int, min_rows: int) -> tuple[
     if lhs is None or rhs is None or out is None or len(lhs) != 2 or len(rhs) != 2:
         return None
     (m, k), (k_right, n) = lhs, rhs
-    if k != k_right or out != [m, n] or m < max(min_rows, rows) or n < cols or _fed_by_convolution(x):
+    if k != k_right or out != [m, n] or m < max(min_rows, rows) or n < cols or k < PACKED_MIN_DEPTH \
+            or 2 * m * n * k < PACKED_MIN_FLOP or _fed_by_convolution(x):
         return None
     weight = _transposed(right)
     form = PackedMatmul(m, k, n, rows, cols, weight_nk=weight is not None)

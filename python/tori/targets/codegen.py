@@ -22,7 +22,7 @@ import torch.fx
 
 from tori.config import Codegen, Options
 from tori.targets import Target
-from tori.passes.packed_matmul import PACKED_MIN_COLUMNS, PACKED_MIN_ROWS
+from tori.passes.packed_matmul import PACKED_MIN_COLUMNS, PACKED_MIN_DEPTH, PACKED_MIN_FLOP, PACKED_MIN_ROWS
 from tori.targets.kernel_configs import NARROW_BATCH_MATMUL, NARROW_ROWS, SPEC_FLAG, KernelConfig, spec_path
 
 _aten = torch.ops.aten
@@ -40,7 +40,8 @@ class Family(str, enum.Enum):
     # or more: a language model's output projection onto its vocabulary
     WIDE_MATMUL = "matmul onto a large weight"
     # other float32 mm and addmm of PACKED_MIN_ROWS rows or more onto PACKED_MIN_COLUMNS
-    # columns or more, static: a linear layer over a sequence or a batch of images
+    # columns or more, reducing PACKED_MIN_DEPTH or more, of PACKED_MIN_FLOP or more,
+    # static: a linear layer over a sequence or a batch of images
     FLOAT_MATMUL = "float32 matmul"
 
     def __str__(self) -> str:
@@ -272,13 +273,15 @@ def _wide(node: torch.fx.Node) -> bool:
 
 def _packable(node: torch.fx.Node) -> bool:
     """A static float32 mm or addmm of PACKED_MIN_ROWS rows or more onto
-    PACKED_MIN_COLUMNS columns or more (what tori-packed-matmul rewrites)."""
+    PACKED_MIN_COLUMNS columns or more, reducing PACKED_MIN_DEPTH or more, of
+    PACKED_MIN_FLOP or more (what tori-packed-matmul rewrites)."""
     value = node.meta.get("val")
     if node.target not in (_aten.mm.default, _aten.addmm.default) or not isinstance(value, torch.Tensor):
         return False
-    shape = tuple(value.shape)
+    shape, left = tuple(value.shape), _shape(node.args[1] if node.target is _aten.addmm.default else node.args[0])
     return value.dtype == torch.float32 and len(shape) == 2 and all(isinstance(d, int) for d in shape) \
-        and shape[0] >= PACKED_MIN_ROWS and shape[1] >= PACKED_MIN_COLUMNS
+        and shape[0] >= PACKED_MIN_ROWS and shape[1] >= PACKED_MIN_COLUMNS and left is not None \
+        and left[-1] >= PACKED_MIN_DEPTH and 2 * shape[0] * shape[1] * left[-1] >= PACKED_MIN_FLOP
 
 
 def op_families(graphs: torch.fx.GraphModule | Iterable[torch.fx.GraphModule]) -> tuple[FamilyUse, ...]:

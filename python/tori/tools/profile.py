@@ -34,8 +34,10 @@ log = logging.getLogger("tori.profile")
 _PROFILING_MODE = "queue-events,host-execution,executable-metadata"
 # `flow.executable.export public @main$async_dispatch_3_matmul_64x256x512_f32`
 _EXPORT = re.compile(r"flow\.executable\.export public @([\w$.-]+)")
-# `loc("aten.convolution.default"(` and the "file":line frames of a location
-_OP_LOC = re.compile(r'loc\("((?:aten|prims|tori|torch)\.[\w.]+)"\(')
+# `loc("aten.convolution.default"(` and the "file":line frames of a location; ops that
+# IREE inlined from one of tori's private functions (passes/packed_matmul.py) carry
+# `loc(callsite("aten.mm.default"(...) at ...))`
+_OP_LOC = re.compile(r'(?:loc\(|callsite\(|\bat )"((?:aten|prims|tori|torch)\.[\w.]+)"\(')
 _FRAME = re.compile(r'"([^"]+)":(\d+):\d+')
 _MODULE = re.compile(r'"module ([^"]+)"')
 # IREE names a contraction's dispatch by its kind and loop bounds: 2 flops per point.
