@@ -44,12 +44,11 @@ becomes
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from torch_mlir import ir
 
-from tori.passes.depthwise_nhwc import _int_pair, call_private_function, ops_named, owner_named
+from tori.passes.depthwise_nhwc import _int_pair, _shape, call_private_function, ops_named, owner_named
 from tori.passes.registry import register_pass
 
 PASS_NAME = "tori-packed-matmul"
@@ -73,14 +72,6 @@ PACKED_MIN_FLOP = 64e6
 # IREE fused the pack into the convolution's dispatch, whose direct kernel then ran at
 # 9-16 GFLOP/s (ResNet-50 at 8 images: 1212 ms against 393).
 CONVOLUTION_DEPTH = 6
-
-_VTENSOR = re.compile(r"^!torch\.vtensor<\[([0-9,]+)\],f32>$")
-
-
-def _shape(value: ir.Value) -> list[int] | None:
-    match = _VTENSOR.match(str(value.type))
-    return [int(d) for d in match.group(1).split(",")] if match else None
-
 
 def _tensor(*dims: int) -> str:
     return f"tensor<{'x'.join(map(str, dims))}xf32>"
