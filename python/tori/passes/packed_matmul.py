@@ -23,8 +23,8 @@ The tile is chosen for the CPU compiled for (`lower_for_iree` from
 targets/codegen.py's `packed_matmul_tile`); `rows=0` leaves every matmul to IREE.
 
 Rewrites: `torch.aten.mm` of static float32 [M, K] and [K, N] operands with M at
-least `min_rows`, N at least the tile's columns, K at least PACKED_MIN_DEPTH and
-PACKED_MIN_FLOP of work, into a call of a private function
+least PACKED_MIN_ROWS, N at least PACKED_MIN_COLUMNS and the tile's columns, K at least
+PACKED_MIN_DEPTH and PACKED_MIN_FLOP of work (`packable`), into a call of a private function
 of builtin tensors (one per form), `torch_c` casts around the call.
 
 Never changes: batched matmuls, matmuls of fewer rows (a decoding step's), matmuls
@@ -53,8 +53,8 @@ from tori.passes.registry import register_pass
 
 PASS_NAME = "tori-packed-matmul"
 
-# The least rows and columns of a matmul this pass rewrites (its `min_rows` and the
-# tile's columns; targets/codegen.py's float32 matmul family). A decoding step's matmuls
+# The least rows and columns of a matmul this pass rewrites (targets/codegen.py's
+# float32 matmul family holds the same matmuls, `packable`). A decoding step's matmuls
 # (a few rows) stay with IREE's narrow tiles.
 PACKED_MIN_ROWS = 64
 PACKED_MIN_COLUMNS = 32
@@ -125,6 +125,13 @@ class PackedMatmul:
         return "\n".join(f"{line} {location}" if location and line.startswith("  %") else line for line in ops)
 
 
+def packable(m: int, k: int, n: int) -> bool:
+    """Whether an [m, k] by [k, n] float32 matmul is large enough for tori's packed
+    tiles (the least rows, columns, reduction and work above); targets/codegen.py's
+    float32 matmul family holds the same matmuls."""
+    return m >= PACKED_MIN_ROWS and n >= PACKED_MIN_COLUMNS and k >= PACKED_MIN_DEPTH and 2 * m * n * k >= PACKED_MIN_FLOP
+
+
 def _transposed(value: ir.Value) -> ir.Value | None:
     """The [N, K] tensor that `value` is `permute([1, 0])` of, else None."""
     permute = owner_named(value, "torch.aten.permute")
@@ -147,7 +154,7 @@ def _fed_by_convolution(value: ir.Value, depth: int = CONVOLUTION_DEPTH) -> bool
     return any(_fed_by_convolution(v, depth - 1) for v in owner.operands if str(v.type).startswith("!torch.vtensor"))
 
 
-def matmul_form(op: ir.Operation, rows: int, cols: int, min_rows: int) -> tuple[PackedMatmul, list[ir.Value]] | None:
+def matmul_form(op: ir.Operation, rows: int, cols: int) -> tuple[PackedMatmul, list[ir.Value]] | None:
     """The form of a `torch.aten.mm` this pass rewrites and the function's operands, else None."""
     if op.name != "torch.aten.mm" or rows <= 0 or cols <= 0:
         return None
@@ -156,8 +163,7 @@ def matmul_form(op: ir.Operation, rows: int, cols: int, min_rows: int) -> tuple[
     if lhs is None or rhs is None or out is None or len(lhs) != 2 or len(rhs) != 2:
         return None
     (m, k), (k_right, n) = lhs, rhs
-    if k != k_right or out != [m, n] or m < max(min_rows, rows) or n < cols or k < PACKED_MIN_DEPTH \
-            or 2 * m * n * k < PACKED_MIN_FLOP or _fed_by_convolution(x):
+    if k != k_right or out != [m, n] or m < rows or n < cols or not packable(m, k, n) or _fed_by_convolution(x):
         return None
     weight = _transposed(right)
     form = PackedMatmul(m, k, n, rows, cols, weight_nk=weight is not None)
@@ -165,12 +171,11 @@ def matmul_form(op: ir.Operation, rows: int, cols: int, min_rows: int) -> tuple[
 
 
 @register_pass(PASS_NAME)
-def packed_matmul(op: ir.Operation, pass_: object, *, rows: int = 0, cols: int = 0,
-                  min_rows: int = PACKED_MIN_ROWS) -> None:
-    """Rewrite each float32 matmul of `min_rows` rows or more into packed tiles of
+def packed_matmul(op: ir.Operation, pass_: object, *, rows: int = 0, cols: int = 0) -> None:
+    """Rewrite each float32 matmul large enough (`packable`) into packed tiles of
     `rows` x `cols` (`rows=0`: nothing changes)."""
     for mm in ops_named(op, "torch.aten.mm"):
-        found = matmul_form(mm, rows, cols, min_rows)
+        found = matmul_form(mm, rows, cols)
         if found is None:
             continue
         form, operands = found

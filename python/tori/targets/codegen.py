@@ -21,8 +21,8 @@ import torch
 import torch.fx
 
 from tori.config import Codegen, Options
+from tori.passes.packed_matmul import packable
 from tori.targets import Target
-from tori.passes.packed_matmul import PACKED_MIN_COLUMNS, PACKED_MIN_DEPTH, PACKED_MIN_FLOP, PACKED_MIN_ROWS
 from tori.targets.kernel_configs import NARROW_BATCH_MATMUL, NARROW_ROWS, SPEC_FLAG, KernelConfig, spec_path
 
 _aten = torch.ops.aten
@@ -280,8 +280,7 @@ def _packable(node: torch.fx.Node) -> bool:
         return False
     shape, left = tuple(value.shape), _shape(node.args[1] if node.target is _aten.addmm.default else node.args[0])
     return value.dtype == torch.float32 and len(shape) == 2 and all(isinstance(d, int) for d in shape) \
-        and shape[0] >= PACKED_MIN_ROWS and shape[1] >= PACKED_MIN_COLUMNS and left is not None \
-        and left[-1] >= PACKED_MIN_DEPTH and 2 * shape[0] * shape[1] * left[-1] >= PACKED_MIN_FLOP
+        and left is not None and packable(shape[0], left[-1], shape[1])
 
 
 def op_families(graphs: torch.fx.GraphModule | Iterable[torch.fx.GraphModule]) -> tuple[FamilyUse, ...]:
