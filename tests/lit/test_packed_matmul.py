@@ -44,10 +44,32 @@ def test_a_linear_layer_packs_its_weight_rows_as_they_lie(filecheck):
         # CHECK:         %[[B:.+]] = linalg.pack %arg1 padding_value(%{{.+}} : f32) inner_dims_pos = [0, 1] inner_tiles = [32, 1]
         # CHECK-SAME:      : tensor<1536x384xf32> -> tensor<48x384x32x1xf32>
         # CHECK:         %[[C:.+]] = linalg.fill
-        # CHECK:         %[[P:.+]] = linalg.mmt4d ins(%[[A]], %[[B]] : tensor<113x384x14x1xf32>, tensor<48x384x32x1xf32>)
+        # CHECK:         %[[P:.+]] = linalg.mmt4d {compilation_info = #iree_codegen.compilation_info<
+        # CHECK-SAME:      lowering_config = #iree_cpu.lowering_config<distribution = [38, 1, 0, 0, 0, 0],
+        # CHECK-SAME:      vector_common_parallel = [1, 1, 0, 14, 32, 0], vector_reduction = [0, 0, 1, 0, 0, 1]>
+        # CHECK-SAME:      translation_info = #iree_codegen.translation_info<pipeline = #iree_cpu.pipeline<Mmt4dTilingExpert>>
+        # CHECK-SAME:      ins(%[[A]], %[[B]] : tensor<113x384x14x1xf32>, tensor<48x384x32x1xf32>)
         # CHECK-SAME:      outs(%[[C]] : tensor<113x48x14x32xf32>)
         # CHECK:         linalg.unpack %[[P]] inner_dims_pos = [0, 1] inner_tiles = [14, 32]
         # CHECK-SAME:      : tensor<113x48x14x32xf32> -> tensor<1576x1536xf32>
+    """)
+
+
+def test_a_workgroup_takes_as_many_row_tiles_as_the_l2_keeps_in_48_workgroups_or_more(filecheck):
+    # BERT at one sequence: 10 row tiles of 14. A reduction of 3072 fits 6 of them in
+    # LEFT_BLOCK_BYTES (172 KiB each): two workgroups of 5 per column of tiles. A
+    # reduction of 768 fits all 10: 96 columns keep them together; 24 columns
+    # would give 24 workgroups, so they split in two.
+    down = linear(128, 3072, 768).replace("@lin", "@down")
+    up = linear(128, 768, 3072).replace("@lin", "@up")
+    square = linear(128, 768, 768).replace("@lin", "@square")
+    filecheck(down + up + square, """
+        # CHECK-LABEL: func.func private @tori_packed_mm_128x3072x768_nk_14x32
+        # CHECK:         linalg.mmt4d {{.+}}distribution = [5, 1, 0, 0, 0, 0]{{.+}} ins({{.+}} : tensor<10x3072x14x1xf32>, tensor<24x3072x32x1xf32>)
+        # CHECK-LABEL: func.func private @tori_packed_mm_128x768x3072_nk_14x32
+        # CHECK:         linalg.mmt4d {{.+}}distribution = [10, 1, 0, 0, 0, 0]{{.+}} ins({{.+}} : tensor<10x768x14x1xf32>, tensor<96x768x32x1xf32>)
+        # CHECK-LABEL: func.func private @tori_packed_mm_128x768x768_nk_14x32
+        # CHECK:         linalg.mmt4d {{.+}}distribution = [5, 1, 0, 0, 0, 0]{{.+}} ins({{.+}} : tensor<10x768x14x1xf32>, tensor<24x768x32x1xf32>)
     """)
 
 

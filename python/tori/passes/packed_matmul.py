@@ -19,6 +19,11 @@ layer's [N, K] weight packs `w` row-blocks directly. For a resident weight IREE 
 the pack into the module's initializer. The left operand's pack joins the dispatch
 that computes it, the unpack the dispatch that reads the result.
 
+Each mmt4d carries IREE's configuration (`compilation_info`): IREE's pipeline and
+vector tiles for it, and tori's workgroups (`PackedMatmul.distribution`), one column
+of tiles of the right operand and as many rows of the left as a core's L2 keeps:
+BERT at one sequence 48.3 -> 39.2 ms.
+
 The tile is chosen for the CPU compiled for (`lower_for_iree` from
 targets/codegen.py's `packed_matmul_tile`); `rows=0` leaves every matmul to IREE.
 
@@ -72,6 +77,18 @@ PACKED_MIN_FLOP = 64e6
 # IREE fused the pack into the convolution's dispatch, whose direct kernel then ran at
 # 9-16 GFLOP/s (ResNet-50 at 8 images: 1212 ms against 393).
 CONVOLUTION_DEPTH = 6
+# The bytes of packed left operand one workgroup of a packed matmul reads (its rows of
+# tiles times the reduction): half of a 2 MiB L2, so that the rows stay in the core's
+# L2 while the workgroup walks one column of tiles of the right operand. IREE's own
+# choice, one or two row tiles a workgroup, reads the whole right operand from L3
+# again for each: BERT's 128x3072 by 3072x768 (its 4 calls, `tori profile`) took
+# 16.6 ms with one row tile a workgroup, 15.2 with 3, 12.3 with 5; all 10 (1.7 MiB)
+# overflow the L2.
+LEFT_BLOCK_BYTES = 1 << 20
+# The least workgroups of a packed matmul whose rows allow them: fewer, larger
+# workgroups balanced worse on two threads (BERT's 128x768 by 768x768 in 24
+# workgroups of 10 row tiles: 12.5 ms a call of its 16 such matmuls, 11.0 in 48 of 5).
+MIN_WORKGROUPS = 48
 
 def _tensor(*dims: int) -> str:
     return f"tensor<{'x'.join(map(str, dims))}xf32>"
@@ -87,6 +104,25 @@ class PackedMatmul:
     rows: int          # the tile's rows of the left operand
     cols: int          # the tile's columns of the right operand
     weight_nk: bool    # the right operand given as its [N, K] transpose
+
+    @property
+    def distribution(self) -> tuple[int, int]:
+        """The tiles (rows, columns) one workgroup computes: one column of tiles and as
+        many rows as LEFT_BLOCK_BYTES holds, split evenly, in MIN_WORKGROUPS or more
+        workgroups where the rows allow."""
+        m1, n1 = -(-self.m // self.rows), -(-self.n // self.cols)
+        fit = max(1, LEFT_BLOCK_BYTES // (self.rows * self.k * 4))
+        blocks = max(-(-m1 // fit), min(m1, -(-MIN_WORKGROUPS // n1)))
+        return -(-m1 // blocks), 1
+
+    def _compilation_info(self) -> str:
+        """IREE's configuration of the mmt4d: its own pipeline and vector tiles, with
+        `distribution`'s workgroups."""
+        rows, cols = self.distribution
+        config = (f"distribution = [{rows}, {cols}, 0, 0, 0, 0], "
+                  f"vector_common_parallel = [1, 1, 0, {self.rows}, {self.cols}, 0], vector_reduction = [0, 0, 1, 0, 0, 1]")
+        return ("#iree_codegen.compilation_info<lowering_config = #iree_cpu.lowering_config<" + config + ">, "
+                "translation_info = #iree_codegen.translation_info<pipeline = #iree_cpu.pipeline<Mmt4dTilingExpert>>>")
 
     @property
     def name(self) -> str:
@@ -115,7 +151,7 @@ class PackedMatmul:
             f"into %b0 : {right} -> {packed_right}",
             f"  %c0 = tensor.empty() : {packed_out}",
             f"  %c1 = linalg.fill ins(%zero : f32) outs(%c0 : {packed_out}) -> {packed_out}",
-            f"  %c = linalg.mmt4d ins(%a, %b : {packed_left}, {packed_right}) outs(%c1 : {packed_out}) -> {packed_out}",
+            f"  %c = linalg.mmt4d {{compilation_info = {self._compilation_info()}}} ins(%a, %b : {packed_left}, {packed_right}) outs(%c1 : {packed_out}) -> {packed_out}",
             f"  %y0 = tensor.empty() : {_tensor(m, n)}",
             f"  %y = linalg.unpack %c inner_dims_pos = [0, 1] inner_tiles = [{rows}, {cols}] into %y0 "
             f": {packed_out} -> {_tensor(m, n)}",
