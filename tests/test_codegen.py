@@ -12,7 +12,7 @@ from tori.cache import compile_key
 from tori.config import Codegen, Options
 from tori.errors import OptionsError
 from tori.targets import Target
-from tori.passes.packed_matmul import PACKED_MIN_ROWS
+from tori.passes.packed_matmul import PACKED_MIN_ROWS, tile_rows
 from tori.targets.codegen import Family, choose, op_families
 from tori.targets.cpu import cpu_features
 from tori.testing import assert_matches_eager
@@ -156,7 +156,8 @@ _AVX512_HOST = "+avx512f" in cpu_features("host")
 @pytest.mark.skipif(not _AVX512_HOST, reason="tori's packed tiles are for AVX-512 CPUs; this one has none")
 @pytest.mark.parametrize("rows, inputs, outputs", [(128, 512, 512), (200, 480, 400), (197, 384, 1152)])
 def test_packed_matmuls_match_eager(rows, inputs, outputs):
-    # Rows and columns off the 14x32 tile are padded in the pack and dropped in the unpack.
+    # Rows and columns off the tile are padded in the pack and dropped in the unpack; 128
+    # rows take tiles of 13 rows, 200 and 197 tiles of 12 (tile_rows).
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(inputs, outputs), nn.GELU(), nn.Linear(outputs, inputs)).eval()
     with torch.no_grad():
@@ -165,9 +166,11 @@ def test_packed_matmuls_match_eager(rows, inputs, outputs):
     assert graph.codegen.packed_tile(Target.CPU) == (14, 32)
     assert "--iree-llvmcpu-enable-ukernels=none" in graph.stages["iree"]
     vmfb = graph.stages["vmfb"]
-    m1 = -(-rows // 14)
-    assert f"mmt4d_{m1}x{-(-outputs // 32)}x{inputs}x14x32x1".encode() in vmfb
-    assert f"mmt4d_{m1}x{-(-inputs // 32)}x{outputs}x14x32x1".encode() in vmfb
+    tile = tile_rows(rows, 14)
+    assert tile == {128: 13, 200: 12, 197: 12}[rows]
+    m1 = -(-rows // tile)
+    assert f"mmt4d_{m1}x{-(-outputs // 32)}x{inputs}x{tile}x32x1".encode() in vmfb
+    assert f"mmt4d_{m1}x{-(-inputs // 32)}x{outputs}x{tile}x32x1".encode() in vmfb
     assert b"_matmul_" not in vmfb
 
 
@@ -178,10 +181,10 @@ def test_a_product_of_two_activations_is_packed_too():
             return torch.relu(a) @ (b * 2)
 
     torch.manual_seed(0)
-    a, b = torch.randn(96, 1600), torch.randn(1600, 256)  # 79 MFLOP
+    a, b = torch.randn(96, 1600), torch.randn(1600, 256)  # 79 MFLOP, 8 tiles of 12 rows
     with torch.no_grad():
         assert_matches_eager(Product(), a, b, options={"cache": False}, rtol=1e-4, atol=1e-4)
-    assert b"mmt4d_7x8x1600x14x32x1" in tori.last_compile().graphs[0].stages["vmfb"]
+    assert b"mmt4d_8x8x1600x12x32x1" in tori.last_compile().graphs[0].stages["vmfb"]
 
 
 def test_small_matmuls_keep_iree_defaults():
