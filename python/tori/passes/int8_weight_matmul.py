@@ -58,18 +58,21 @@ from torch_mlir import ir
 
 from tori.passes.depthwise_nhwc import _int_pair, call_private_function, ops_named, owner_named
 from tori.passes.registry import register_pass
+from tori.targets.kernel_configs import cpu_compilation_info
 
 PASS_NAME = "tori-int8-weight-matmul"
 
 BLOCK = 16  # weight rows per block of the packed layout
 MATVEC_BLOCK = 64  # a CPU matvec's: one cache line of int8 per step along K
-# IREE's CPU tiling of the matvec (b: blocks, i: rows in a block, k: the reduction):
-# one block per vector tile, 8 steps of K per unrolled reduction step (16 measured the
-# same), `{dist}` blocks per workgroup.
-MATVEC_TILES = ("#iree_codegen.compilation_info<lowering_config = #iree_cpu.lowering_config<"
-                "distribution = [{dist}, {block}, 0], vector_common_parallel = [1, {block}, 0], "
-                "vector_reduction = [0, 0, 8]>, translation_info = #iree_codegen.translation_info<"
-                "pipeline = #iree_cpu.pipeline<DoubleTilingExpert>>>")
+
+
+def matvec_tiles(dist: int, block: int) -> str:
+    """IREE's CPU tiling of the matvec (b: blocks, i: rows in a block, k: the
+    reduction): one block per vector tile, 8 steps of K per unrolled reduction step (16
+    measured the same), `dist` blocks per workgroup."""
+    return cpu_compilation_info((dist, block, 0), (1, block, 0), (0, 0, 8))
+
+
 # Above this many rows of x, IREE's data-tiled float32 matmul over the weight widened
 # per call is faster (a [M, 512] x [512, 1408] product: M = 128, 1.14 ms as one
 # contraction over the int8 blocks against 1.32 widened; M = 256, 2.88 against 1.38).
@@ -110,7 +113,7 @@ class Int8WeightMatmul:
         if matvec:  # x as a vector (no unit loop for IREE to fold away with the tiling)
             out, x_type, attrs = f"tensor<{blocks}x{block}xf32>", f"tensor<{k}xf32>", (
                 # at least 4 workgroups where there are blocks enough
-                f" attrs = {{compilation_info = {MATVEC_TILES.format(dist=max(1, min(8, blocks // 4)), block=block)}}}")
+                f" attrs = {{compilation_info = {matvec_tiles(max(1, min(8, blocks // 4)), block)}}}")
             maps, loops = ("affine_map<(b, i, k) -> (k)>, affine_map<(b, i, k) -> (b, k, i)>, affine_map<(b, i, k) -> (b, i)>",
                            '"parallel", "parallel", "reduction"')
             lines.append(f"  %v = tensor.collapse_shape %x [[0, 1]] : tensor<1x{k}xf32> into {x_type}")

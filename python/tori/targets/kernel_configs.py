@@ -49,13 +49,19 @@ class KernelConfig:
     reduction: tuple[int, ...]
 
     def compilation_info(self) -> str:
-        def ints(values):
-            return ", ".join(str(v) for v in values)
+        return cpu_compilation_info(self.distribution, self.vector, self.reduction)
 
-        return ("#iree_codegen.compilation_info<lowering_config = #iree_cpu.lowering_config<"
-                f"distribution = [{ints(self.distribution)}], vector_common_parallel = [{ints(self.vector)}], "
-                f"vector_reduction = [{ints(self.reduction)}]>, translation_info = "
-                "#iree_codegen.translation_info<pipeline = #iree_cpu.pipeline<DoubleTilingExpert>>>")
+
+def cpu_compilation_info(distribution, vector, reduction, pipeline: str = "DoubleTilingExpert") -> str:
+    """IREE's `compilation_info` attribute for one CPU op: its workgroup tile, vector
+    tile and reduction step per loop, lowered by IREE's `pipeline`."""
+    def ints(values):
+        return ", ".join(str(v) for v in values)
+
+    return ("#iree_codegen.compilation_info<lowering_config = #iree_cpu.lowering_config<"
+            f"distribution = [{ints(distribution)}], vector_common_parallel = [{ints(vector)}], "
+            f"vector_reduction = [{ints(reduction)}]>, translation_info = "
+            f"#iree_codegen.translation_info<pipeline = #iree_cpu.pipeline<{pipeline}>>>")
 
 
 # The rows per batch of the batched matmuls that get the narrow configurations: a
