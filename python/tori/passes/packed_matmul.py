@@ -87,10 +87,10 @@ PACKED_MIN_FLOP = 64e6
 CONVOLUTION_DEPTH = 6
 # A tile of up to this many rows fewer than the CPU's where it pads the matmul's rows
 # less: 128 rows (a sequence of 128 tokens) in 10 tiles of 13 rows, not 140 rows in 10
-# of 14; 197 (ViT's) in 17 of 12, not 15 of 14. Same-process timings of one sequence
-# or image: BERT 39.6-39.8 -> 37.2-39.0 ms, GPT-2 70.7-71.6 -> 66.1-67.3, ViT
-# 61.3-64.0 -> 60.1-61.2 (eager 34-37, 64, 55). 12x32 ran DeiT-small's MLP matmul as
-# fast as 14x32 (7.4 ms, above).
+# of 14; 197 (ViT's) in 17 of 12, not 15 of 14. Same-process timings at one sequence,
+# 14 rows, this rule, 14 rows again: BERT 41.4, 39.2, 40.0 and 40.0, 40.0, 41.5 ms;
+# GPT-2 72.7, 71.5, 73.9 and 71.1, 70.9, 71.3 (1-3%: the padded rows' share of the
+# work). 12x32 ran DeiT-small's MLP matmul as fast as 14x32 (7.4 ms, above).
 FEWER_ROWS = 2
 # The bytes of packed left operand one workgroup of a packed matmul reads (its rows of
 # tiles times the reduction): half of a 2 MiB L2, so that the rows stay in the core's
