@@ -55,7 +55,7 @@ def test_a_linear_layer_packs_its_weight_rows_as_they_lie(filecheck):
     """)
 
 
-def test_a_workgroup_takes_as_many_row_tiles_as_the_l2_keeps_in_48_workgroups_or_more(filecheck):
+def test_a_workgroup_takes_the_row_tiles_the_l2_keeps_in_48_workgroups_unless_the_reduction_is_deep(filecheck):
     # BERT at one sequence: 10 row tiles of 13 (130 rows; 14 would pad to 140). A reduction of 3072 fits 6 of them in
     # LEFT_BLOCK_BYTES (160 KiB each): two workgroups of 5 per column of tiles. A
     # reduction of 768 fits all 10: 96 columns keep them together; 24 columns
@@ -63,13 +63,19 @@ def test_a_workgroup_takes_as_many_row_tiles_as_the_l2_keeps_in_48_workgroups_or
     down = linear(128, 3072, 768).replace("@lin", "@down")
     up = linear(128, 768, 3072).replace("@lin", "@up")
     square = linear(128, 768, 768).replace("@lin", "@square")
-    filecheck(down + up + square, """
+    # From a reduction of 1024 (DEEP_REDUCTION) on, the fewest workgroups: a 7x7 stage's
+    # 49 rows (4 tiles of 13) by a 4608-deep 512-column weight, all 4 row tiles in each
+    # of 16 workgroups.
+    deep = linear(49, 4608, 512).replace("@lin", "@deep")
+    filecheck(down + up + square + deep, """
         # CHECK-LABEL: func.func private @tori_packed_mm_128x3072x768_nk_13x32
         # CHECK:         linalg.mmt4d {{.+}}distribution = [5, 1, 0, 0, 0, 0]{{.+}} ins({{.+}} : tensor<10x3072x13x1xf32>, tensor<24x3072x32x1xf32>)
         # CHECK-LABEL: func.func private @tori_packed_mm_128x768x3072_nk_13x32
         # CHECK:         linalg.mmt4d {{.+}}distribution = [10, 1, 0, 0, 0, 0]{{.+}} ins({{.+}} : tensor<10x768x13x1xf32>, tensor<96x768x32x1xf32>)
         # CHECK-LABEL: func.func private @tori_packed_mm_128x768x768_nk_13x32
         # CHECK:         linalg.mmt4d {{.+}}distribution = [5, 1, 0, 0, 0, 0]{{.+}} ins({{.+}} : tensor<10x768x13x1xf32>, tensor<24x768x32x1xf32>)
+        # CHECK-LABEL: func.func private @tori_packed_mm_49x4608x512_nk_13x32
+        # CHECK:         linalg.mmt4d {{.+}}distribution = [4, 1, 0, 0, 0, 0]{{.+}} ins({{.+}} : tensor<4x4608x13x1xf32>, tensor<16x4608x32x1xf32>)
     """)
 
 

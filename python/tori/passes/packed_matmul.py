@@ -100,10 +100,19 @@ FEWER_ROWS = 2
 # 16.6 ms with one row tile a workgroup, 15.2 with 3, 12.3 with 5; all 10 (1.7 MiB)
 # overflow the L2.
 LEFT_BLOCK_BYTES = 1 << 20
-# The least workgroups of a packed matmul whose rows allow them: fewer, larger
-# workgroups balanced worse on two threads (BERT's 128x768 by 768x768 in 24
-# workgroups of 10 row tiles: 12.5 ms a call of its 16 such matmuls, 11.0 in 48 of 5).
+# The least workgroups of a packed matmul reducing less than DEEP_REDUCTION, where its
+# rows allow them: fewer, larger workgroups balanced worse on two threads (BERT's
+# 128x768 by 768x768 in 24 workgroups of 10 row tiles: 12.5 ms a call of its 16 such
+# matmuls, 11.0 in 48 of 5; BERT at one sequence without the least, A-B-A in one
+# process: 51.7, 55.3 ms against 51.0, 48.7 and 50.3, 50.1).
 MIN_WORKGROUPS = 48
+# From this reduction on, a workgroup takes all the row tiles the L2 keeps, however few
+# workgroups that leaves: each reads its column of a deep weight once. ResNet-18 at one
+# image (six packed shapes, reductions 576 to 4608), A-B-A in one process: 30.0, 29.4
+# ms against 33.0, 33.1 and 33.3, 34.1 (its 49x4608 by 4608x512, `tori profile`: 6.8-6.9
+# -> 5.1-5.6 ms in 16 workgroups of 4 row tiles instead of 32 of 2); Llama prefill at
+# one sequence 48.9, 47.3 against 50.7, 50.1 and 49.0, 49.5.
+DEEP_REDUCTION = 1024
 
 def _tensor(*dims: int) -> str:
     return f"tensor<{'x'.join(map(str, dims))}xf32>"
@@ -123,11 +132,12 @@ class PackedMatmul:
     @property
     def distribution(self) -> tuple[int, int]:
         """The tiles (rows, columns) one workgroup computes: one column of tiles and as
-        many rows as LEFT_BLOCK_BYTES holds, split evenly, in MIN_WORKGROUPS or more
-        workgroups where the rows allow."""
+        many rows as LEFT_BLOCK_BYTES holds, split evenly; a reduction shorter than
+        DEEP_REDUCTION in MIN_WORKGROUPS or more workgroups where the rows allow."""
         m1, n1 = -(-self.m // self.rows), -(-self.n // self.cols)
         fit = max(1, LEFT_BLOCK_BYTES // (self.rows * self.k * 4))
-        blocks = max(-(-m1 // fit), min(m1, -(-MIN_WORKGROUPS // n1)))
+        least = MIN_WORKGROUPS if self.k < DEEP_REDUCTION else 1
+        blocks = max(-(-m1 // fit), min(m1, -(-least // n1)))
         return -(-m1 // blocks), 1
 
     def _compilation_info(self) -> str:
