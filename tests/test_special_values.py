@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import tori
-from tori.errors import CheckFailedError
+from tori.errors import CheckFailedError, IndexOutOfRangeError
 
 INF, NAN = math.inf, math.nan
 
@@ -107,21 +107,38 @@ def test_integer_division_by_zero_raises_as_eager_does(fallback):
 
 
 def test_runtime_checks_can_be_turned_off(tmp_path):
-    # The checks are `torch.runtime.assert` ops in the torch stage; runtime_checks=False
-    # (TORI_RUNTIME_CHECKS=0) compiles none.
+    # A check on a graph argument runs in PyTorch before the module (frontend/input_checks.py);
+    # one on an index the graph computes is a `torch.runtime.assert` in the torch stage.
+    # runtime_checks=False (TORI_RUNTIME_CHECKS=0) compiles neither.
+    def divide_and_pick(a, b, x, i):
+        return a // b, x[i], x[i.abs() % 5]
+
     a, b = torch.tensor([7, -7]), torch.tensor([2, 3])
-    asserts = {}
+    x = torch.randn(4)
+    found = {}
     for checks in (True, False):
         torch._dynamo.reset()
         dump = tmp_path / str(checks)
-        compiled = torch.compile(lambda a, b, x, i: (a // b, x[i]), backend="tori",
+        compiled = torch.compile(divide_and_pick, backend="tori",
                                  options={"fallback": "error", "runtime_checks": checks, "dump_dir": str(dump)})
-        x, i = torch.randn(4), torch.tensor([3, -1])
-        quotient, picked = compiled(a, b, x, i)
-        assert torch.equal(quotient, a // b) and torch.equal(picked, x[i])
+        if checks:
+            with pytest.raises(IndexOutOfRangeError, match="outside -4 <= index < 4"):
+                compiled(a, b, x, torch.tensor([4, 0]))  # the host's check
+            with pytest.raises(IndexOutOfRangeError, match="outside -4 <= index < 4"):
+                compiled(a, b, x, torch.tensor([-4, 0]))  # in range, but |-4| % 5 is not: the module's check
+        i_in_range = torch.tensor([3, -2])
+        quotient, picked, again = compiled(a, b, x, i_in_range)
+        assert torch.equal(quotient, a // b) and torch.equal(picked, x[i_in_range])
+        assert torch.equal(again, x[i_in_range.abs() % 5])
         (torch_stage,) = dump.glob("*/02-torch.mlir")
-        asserts[checks] = torch_stage.read_text().count("torch.runtime.assert")
-    assert asserts == {True: 2, False: 0}
+        (graph,) = [g for r in tori.compile_records() for g in r.graphs if g.name.endswith("_inference")][-1:]
+        host = graph.compiled.signature.input_checks
+        found[checks] = (torch_stage.read_text().count("torch.runtime.assert"), host and host.messages)
+    assert found[False] == (0, None)
+    in_module, on_host = found[True]
+    assert in_module == 1  # x[|i| % 5]: its index is computed
+    assert on_host == ("ZeroDivisionError: an integer division or remainder by zero",
+                       "index out of range in index: an index for dimension 0 (size 4) is outside -4 <= index < 4")
 
 
 @pytest.mark.parametrize("pipeline", ["", "tori-fold-empty-tensors, tori-fold-constants"])

@@ -112,5 +112,5 @@ def test_an_entry_naming_an_unknown_op_or_dtype_is_refused_when_read():
         Prologue.from_json({"steps": [step], "outputs": [0]})
     step = {"op": "aten._to_copy.default", "args": [{"ref": 0, "input": True}],
             "kwargs": [["dtype", {"torch": "float7"}]]}
-    with pytest.raises(ValueError, match="unknown dtype or memory format 'float7'"):
+    with pytest.raises(ValueError, match="unknown dtype, memory format or layout 'float7'"):
         Prologue.from_json({"steps": [step], "outputs": [0]})

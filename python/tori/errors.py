@@ -134,6 +134,11 @@ _CHECK_ERRORS = {INDEX_ERROR_CHECK: IndexOutOfRangeError, INDEX_RUNTIME_CHECK: I
                  ZERO_DIVISION_CHECK: CheckFailedError}
 
 
+def is_check_message(message: str) -> bool:
+    """Whether an assert with this message is one of tori's own checks."""
+    return message.startswith(tuple(_CHECK_ERRORS))
+
+
 def runtime_check_error(message: str) -> type[ToriRuntimeError]:
     """The error class for a failed runtime check (`torch.runtime.assert`) with this message."""
     return next((cls for prefix, cls in _CHECK_ERRORS.items() if message.startswith(prefix)), ToriRuntimeError)

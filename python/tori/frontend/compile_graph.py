@@ -18,6 +18,7 @@ from tori.config import Options
 from tori.errors import CompileError
 from tori.frontend.complex_values import rewrite_complex
 from tori.frontend.importer import import_graph, new_importer, to_bytecode
+from tori.frontend.input_checks import split as input_checks_of
 from tori.frontend.quantized import rewrite_quantized
 from tori.frontend.shared_heads import share_repeated_heads
 from tori.frontend.signature import in_place_updates, with_updates
@@ -57,6 +58,7 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
         gm = rewrite_complex(gm, record.name)  # a copy: the caller's graph stays complex for eager fallback
         record.stages[Stage.ATEN] = gm.code
         check_element_types(gm, record.name)
+        gm, input_checks = input_checks_of(gm)
         resident = resident_args(gm, record.kind, options, static_args, inspecting)
         unused = unused_args(gm)
         with stage(record.name, "import to the torch dialect (Torch-MLIR)"):
@@ -67,7 +69,7 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
                 signature = replace(with_resident(signature, resident, unused), prologue=prologue)
             else:
                 module, signature = import_graph(gm, graph_name=record.name)
-        signature = with_updates(signature, in_place_updates(gm))
+        signature = replace(with_updates(signature, in_place_updates(gm)), input_checks=input_checks)
         record.stages[Stage.TORCH] = str(module)
         if options.tori_pipeline:
             with stage(record.name, "tori passes"):

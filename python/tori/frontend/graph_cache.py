@@ -39,6 +39,7 @@ from tori.cache import compile_cache, versions
 from tori.config import Options
 from tori.frontend.records import CompileRecord, GraphRecord
 from tori.frontend.signature import ArgKind, GraphSignature, Result
+from tori.frontend.input_checks import InputChecks
 from tori.frontend.weight_prologue import Prologue
 from tori.runtime.targeted import runtime_graph
 from tori.stages import Stage
@@ -205,7 +206,8 @@ def _signature_to_json(signature: GraphSignature) -> dict | None:
                         "dtype": str(result.dtype).removeprefix("torch.") if result.dtype is not None else None})
     return {"args": [kind.value for kind in signature.args], "results": results,
             "num_iree_results": signature.num_iree_results,
-            "prologue": signature.prologue.to_json() if signature.prologue is not None else None}
+            "prologue": signature.prologue.to_json() if signature.prologue is not None else None,
+            "input_checks": signature.input_checks.to_json() if signature.input_checks is not None else None}
 
 
 def _signature_from_json(encoded: dict) -> GraphSignature:
@@ -217,6 +219,7 @@ def _signature_from_json(encoded: dict) -> GraphSignature:
         updates = result.get("updates")
         results.append(Result(result["index"], result["value"], getattr(torch, dtype) if dtype else None,
                               int(updates) if updates is not None else None))
-    prologue = encoded.get("prologue")
+    prologue, checks = encoded.get("prologue"), encoded.get("input_checks")
     return GraphSignature(tuple(ArgKind(kind) for kind in encoded["args"]), tuple(results),
-                          int(encoded["num_iree_results"]), Prologue.from_json(prologue) if prologue else None)
+                          int(encoded["num_iree_results"]), Prologue.from_json(prologue) if prologue else None,
+                          InputChecks.from_json(checks) if checks else None)

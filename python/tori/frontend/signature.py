@@ -50,6 +50,8 @@ class GraphSignature:
     # What the module's derived globals hold, computed from the RESIDENT arguments at
     # each load (frontend/weight_prologue.py); None when it has none.
     prologue: Any = None
+    # The checks on arguments the runtime runs before each call (frontend/input_checks.py).
+    input_checks: Any = None
 
 
 def _value(node: Any) -> Any:

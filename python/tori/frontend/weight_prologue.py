@@ -19,7 +19,8 @@ The program is data (ops by name, arguments by position), so that the graph cach
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from functools import cached_property
+from typing import Any, Callable
 
 import torch
 import torch.fx
@@ -59,19 +60,32 @@ class Prologue:
 
     def run(self, args) -> list[torch.Tensor]:
         """The derived values from the graph's arguments (its resident weights among them)."""
-        values: list[Any] = []
-
-        def value(arg):
-            if isinstance(arg, Ref):
-                return args[arg.index].detach() if arg.input else values[arg.index]
-            if isinstance(arg, (list, tuple)):
-                return type(arg)(value(a) for a in arg)
-            return arg
-
         with torch.no_grad():
-            for step in self.steps:
-                values.append(_overload(step.op)(*value(step.args), **{k: value(v) for k, v in step.kwargs}))
-        return [values[i].contiguous() for i in self.outputs]
+            return [value.contiguous() for value in self._code(args)]
+
+    @cached_property
+    def _code(self) -> Callable:
+        """The steps as one Python function of the arguments: a program runs on every call
+        of its graph (frontend/input_checks.py), where resolving each step's op and
+        arguments anew cost more than the ops themselves."""
+        constants: list[Any] = []
+
+        def source(arg) -> str:
+            if isinstance(arg, Ref):
+                return f"args[{arg.index}]" if arg.input else f"v{arg.index}"
+            if isinstance(arg, (list, tuple)) and _refers(arg):
+                return "[" + "".join(f"{source(a)}, " for a in arg) + "]"
+            constants.append(arg)
+            return f"constants[{len(constants) - 1}]"
+
+        lines = ["def code(args):"]
+        for n, step in enumerate(self.steps):
+            arguments = [source(a) for a in step.args] + [f"**{{{k!r}: {source(v)}}}" for k, v in step.kwargs]
+            lines.append(f"    v{n} = ops[{n}]({', '.join(arguments)})")
+        lines.append(f"    return ({''.join(f'v{i}, ' for i in self.outputs)})")
+        scope = {"ops": tuple(_overload(step.op) for step in self.steps), "constants": tuple(constants)}
+        exec("\n".join(lines), scope)
+        return scope["code"]
 
     def to_json(self) -> dict:
         return {"steps": [{"op": s.op, "args": _encode(s.args), "kwargs": [[k, _encode(v)] for k, v in s.kwargs]}
@@ -87,6 +101,10 @@ class Prologue:
         return Prologue(tuple(steps), tuple(int(i) for i in encoded["outputs"]))
 
 
+def _refers(arg) -> bool:
+    return isinstance(arg, Ref) or isinstance(arg, (list, tuple)) and any(_refers(a) for a in arg)
+
+
 def _overload(name: str) -> torch._ops.OpOverload:
     namespace, op, overload = name.split(".")
     found = getattr(getattr(getattr(torch.ops, namespace), op, None), overload, None)
@@ -98,8 +116,10 @@ def _overload(name: str) -> torch._ops.OpOverload:
 def _encode(arg):
     if isinstance(arg, Ref):
         return {"ref": arg.index, "input": arg.input}
-    if isinstance(arg, (torch.dtype, torch.memory_format)):
+    if isinstance(arg, (torch.dtype, torch.memory_format, torch.layout)):
         return {"torch": str(arg).removeprefix("torch.")}
+    if isinstance(arg, torch.device):
+        return {"device": str(arg)}
     if isinstance(arg, (list, tuple)):
         return [_encode(a) for a in arg]
     return arg
@@ -109,16 +129,18 @@ def _decode(arg):
     if isinstance(arg, dict):
         if "torch" in arg:
             found = getattr(torch, str(arg["torch"]), None)
-            if not isinstance(found, (torch.dtype, torch.memory_format)):
-                raise ValueError(f"unknown dtype or memory format {arg['torch']!r}")
+            if not isinstance(found, (torch.dtype, torch.memory_format, torch.layout)):
+                raise ValueError(f"unknown dtype, memory format or layout {arg['torch']!r}")
             return found
+        if "device" in arg:
+            return torch.device(str(arg["device"]))
         return Ref(int(arg["ref"]), bool(arg["input"]))
     if isinstance(arg, list):
         return tuple(_decode(a) for a in arg)
     return arg
 
 
-_PLAIN = (int, float, bool, type(None), str, torch.dtype, torch.memory_format)
+_PLAIN = (int, float, bool, type(None), str, torch.dtype, torch.memory_format, torch.layout, torch.device)
 
 
 def _static_tensor(node: torch.fx.Node) -> torch.Tensor | None:
@@ -149,7 +171,12 @@ def _weight_only(node: torch.fx.Node, known: dict[torch.fx.Node, Any]) -> bool:
         return False
     if _static_tensor(node) is None or not node.all_input_nodes or any(u.op == "output" for u in node.users):
         return False  # a value the graph returns stays the module's own, never a global's buffer
+    return writable(node, known)
 
+
+def writable(node: torch.fx.Node, known) -> bool:
+    """Whether a program can write `node`'s arguments down: values of `known` nodes and
+    plain constants."""
     def plain(arg) -> bool:
         if isinstance(arg, torch.fx.Node):
             return arg in known
@@ -184,7 +211,14 @@ def extract(gm: torch.fx.GraphModule, resident: frozenset[int]) -> tuple[Prologu
     handed = [node for node in behind if node not in raw and not all(user in behind for user in node.users)]
     if not handed:
         return None
-    needed, stack = set(), list(handed)  # the steps the handed values need
+    return program(gm, inputs, handed), handed
+
+
+def program(gm: torch.fx.GraphModule, inputs: dict[torch.fx.Node, Ref], outputs: list[torch.fx.Node]) -> Prologue:
+    """The steps of `gm` that compute `outputs` from `inputs` (placeholders, as Refs), in
+    graph order; a step equal to an earlier one (the same op on the same values) is not
+    repeated."""
+    needed, stack = set(), list(outputs)
     while stack:
         node = stack.pop()
         if node not in needed and node not in inputs:
@@ -199,10 +233,26 @@ def extract(gm: torch.fx.GraphModule, resident: frozenset[int]) -> tuple[Prologu
             return tuple(ref(a) for a in arg)
         return arg
 
-    steps = []
+    steps: dict[tuple, Step] = {}  # by _same_step's key
+    places: dict[tuple, int] = {}
     for node in gm.graph.nodes:
         if node in needed:
-            steps.append(Step(str(node.target).replace("::", "."), ref(node.args),
-                              tuple((k, ref(v)) for k, v in node.kwargs.items())))
-            known[node] = Ref(len(steps) - 1)
-    return Prologue(tuple(steps), tuple(known[n].index for n in handed)), handed
+            step = Step(str(node.target).replace("::", "."), ref(node.args),
+                        tuple((k, ref(v)) for k, v in node.kwargs.items()))
+            key = _same_step(step)
+            if key not in places:
+                places[key] = len(steps)
+                steps[key] = step
+            known[node] = Ref(places[key])
+    return Prologue(tuple(steps.values()), tuple(known[n].index for n in outputs))
+
+
+def _same_step(step: Step) -> tuple:
+    """What two equal steps share: numbers compared with their types (1, 1.0 and True
+    promote differently) and their signs (-0.0)."""
+    def typed(arg):
+        if isinstance(arg, (list, tuple)):
+            return tuple(typed(a) for a in arg)
+        return (type(arg).__name__, repr(arg))
+
+    return step.op, typed(step.args), typed(step.kwargs)

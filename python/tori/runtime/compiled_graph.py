@@ -286,6 +286,8 @@ class CompiledGraph:
         return module.scratch.bytes_for(self._pack(module, args)[0] if module.scratch.size is None else None)
 
     def _run(self, module: LoadedModule, args):
+        if self.signature.input_checks is not None:
+            self.signature.input_checks.verify(args, self.name)
         if self._staged:
             return self._run_staged(module, args)
         if self._dl_device[0] != _DL_CPU:
