@@ -226,13 +226,11 @@ def call_private_function(module: ir.Operation, op: ir.Operation, name: str, tex
     # torch_c (Torch-MLIR's TorchConversion dialect) has no Python registration: its
     # casts are made in generic form, which IREE's parser reads as its own ops.
     module.context.allow_unregistered_dialects = True
-    body = module.regions[0].blocks[0]
-    if not any(str(o.operation.attributes["sym_name"]).strip('"') == name for o in body.operations
-               if "sym_name" in o.operation.attributes):
+    if name not in ir.SymbolTable(module):  # the module's symbols, read in C++: one call per matmul
         parsed = ir.Module.parse(text)  # kept alive until its function is moved
         function = parsed.body.operations[0].operation
         function.detach_from_parent()
-        body.append(function)
+        module.regions[0].blocks[0].append(function)
     result = op.results[0]
     shape = _static_sizes(result)
     with ir.InsertionPoint(op), op.location:
