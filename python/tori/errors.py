@@ -136,7 +136,7 @@ _CHECK_ERRORS = {INDEX_ERROR_CHECK: IndexOutOfRangeError, INDEX_RUNTIME_CHECK: I
 
 def is_check_message(message: str) -> bool:
     """Whether an assert with this message is one of tori's own checks."""
-    return message.startswith(tuple(_CHECK_ERRORS))
+    return runtime_check_error(message) is not ToriRuntimeError
 
 
 def runtime_check_error(message: str) -> type[ToriRuntimeError]:

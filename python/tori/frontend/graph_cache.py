@@ -37,9 +37,9 @@ import torch.fx
 
 from tori.cache import compile_cache, versions
 from tori.config import Options
+from tori.frontend.input_checks import InputChecks
 from tori.frontend.records import CompileRecord, GraphRecord
 from tori.frontend.signature import ArgKind, GraphSignature, Result
-from tori.frontend.input_checks import InputChecks
 from tori.frontend.weight_prologue import Prologue
 from tori.runtime.targeted import runtime_graph
 from tori.stages import Stage
