@@ -2,6 +2,8 @@
 that they reach iree-compile and the cache key, that the user's flags win, and that
 graphs compiled with each strategy match eager."""
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -185,6 +187,27 @@ def test_a_product_of_two_activations_is_packed_too():
     with torch.no_grad():
         assert_matches_eager(Product(), a, b, options={"cache": False}, rtol=1e-4, atol=1e-4)
     assert b"mmt4d_8x8x1600x12x32x1" in tori.last_compile().graphs[0].stages["vmfb"]
+
+
+@pytest.mark.skipif(not _AVX512_HOST, reason="tori's packed tiles are for AVX-512 CPUs; this one has none")
+def test_shallow_one_by_one_convolutions_match_eager_unpacked():
+    # MobileNetV3's first block at a smaller image: a depthwise convolution of 16
+    # channels, then 1x1 convolutions of 16 channels onto 16 and 64 (2048 pixels): IREE's
+    # matmuls with tori's tiles, their operands as stored; the 64-deep one is packed.
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 16, 3, 2, 1), nn.BatchNorm2d(16), nn.Hardswish(),
+        nn.Conv2d(16, 16, 3, 1, 1, groups=16), nn.BatchNorm2d(16), nn.ReLU(),
+        nn.Conv2d(16, 16, 1), nn.BatchNorm2d(16),
+        nn.Conv2d(16, 64, 1), nn.ReLU(),
+        nn.Conv2d(64, 256, 1), nn.ReLU()).eval()
+    with torch.no_grad():
+        assert_matches_eager(model, torch.randn(2, 3, 64, 64), options={"cache": False}, rtol=1e-4, atol=1e-4)
+    graph = tori.last_compile().graphs[0]
+    assert graph.codegen.packed_tile(Target.CPU) == (14, 32)
+    functions = set(re.findall(rb"tori_[a-z]+_mm_[0-9x_nk]+", graph.iree_bytecode))
+    assert functions == {b"tori_shallow_mm_2048x16x16", b"tori_shallow_mm_2048x16x64",
+                         b"tori_packed_mm_2048x64x256_nk_12x32"}
 
 
 def test_small_matmuls_keep_iree_defaults():

@@ -1,8 +1,9 @@
 """FileCheck tests of tori-packed-matmul: a float32 matmul of enough rows becomes a call
 of a function that packs both operands in tori's tiles, multiplies them with
 `linalg.mmt4d` and unpacks the result; a linear layer's [N, K] weight is packed as it
-lies. Matmuls of few rows, other element types, batched matmuls, and modules without a
-tile (`rows=0`, the default) are left as they are."""
+lies. A matmul reducing over 16 values or fewer becomes a `linalg.matmul` with tori's
+tiles, unpacked. Matmuls of few rows, other element types, batched matmuls, and modules
+without a tile (`rows=0`, the default) are left as they are."""
 
 PIPELINE = "tori-packed-matmul{rows=14 cols=32}"
 
@@ -167,11 +168,59 @@ def test_narrow_columns_shallow_or_small_products_and_dynamic_rows_are_left_alon
     """)
 
 
+def shallow(m: int, k: int, n: int, name: str) -> str:
+    """`@name`: mm of an [m, k] matrix (a 1x1 convolution's pixels) and a [k, n] weight."""
+    x, w, out = t(m, k), t(k, n), t(m, n)
+    return f"""
+        func.func @{name}(%arg0: {x}, %arg1: {w}) -> {out} {{
+          %0 = torch.aten.mm %arg0, %arg1 : {x}, {w} -> {out}
+          return %0 : {out}
+        }}
+    """
+
+
+def test_a_shallow_matmul_keeps_its_operands_as_stored_with_tori_tiles(filecheck):
+    # MobileNetV3's first 1x1 convolutions at 8 images: 100352 pixels of 16 channels.
+    filecheck(shallow(100352, 16, 16, "same") + shallow(100352, 16, 64, "wide"), """
+        # CHECK-LABEL: func.func @same
+        # CHECK:         call @tori_shallow_mm_100352x16x16(%{{[0-9]+}}, %{{[0-9]+}})
+        # CHECK-SAME:      : (tensor<100352x16xf32>, tensor<16x16xf32>) -> tensor<100352x16xf32>
+        # CHECK-NOT:     torch.aten.mm
+        # CHECK-LABEL: func.func @wide
+        # CHECK:         call @tori_shallow_mm_100352x16x64
+        # CHECK-LABEL: func.func private @tori_shallow_mm_100352x16x16
+        # CHECK-NOT:     linalg.pack
+        # CHECK:         linalg.matmul {compilation_info = #iree_codegen.compilation_info<
+        # CHECK-SAME:      lowering_config = #iree_cpu.lowering_config<distribution = [512, 16, 0],
+        # CHECK-SAME:      vector_common_parallel = [4, 16, 0], vector_reduction = [0, 0, 1]>
+        # CHECK-SAME:      pipeline = #iree_cpu.pipeline<DoubleTilingExpert>
+        # CHECK-SAME:      ins(%arg0, %arg1 : tensor<100352x16xf32>, tensor<16x16xf32>)
+        # CHECK-LABEL: func.func private @tori_shallow_mm_100352x16x64
+        # CHECK:         linalg.matmul {{.+}}distribution = [512, 64, 0], vector_common_parallel = [4, 64, 0]
+    """)
+
+
+def test_shallow_matmuls_of_other_columns_few_rows_or_17_deep_are_left_to_iree(filecheck):
+    # 96 columns (EfficientNet-B0's 16 channels onto 96: IREE's own tiles were faster),
+    # 1023 rows, a reduction of 17.
+    filecheck(shallow(100352, 16, 96, "other") + shallow(1023, 16, 16, "few") + shallow(4096, 17, 64, "deeper"), """
+        # CHECK-LABEL: func.func @other
+        # CHECK:         torch.aten.mm
+        # CHECK-LABEL: func.func @few
+        # CHECK:         torch.aten.mm
+        # CHECK-LABEL: func.func @deeper
+        # CHECK:         torch.aten.mm
+        # CHECK-NOT:     tori_shallow_mm
+    """)
+
+
 def test_without_a_tile_nothing_changes(filecheck):
-    filecheck(linear(1576, 384, 1536), """
+    filecheck(linear(1576, 384, 1536) + shallow(100352, 16, 16, "shallow"), """
         # CHECK-LABEL: func.func @lin
         # CHECK:         torch.aten.mm
-        # CHECK-NOT:     tori_packed_mm
+        # CHECK-LABEL: func.func @shallow
+        # CHECK:         torch.aten.mm
+        # CHECK-NOT:     tori_
     """, pipeline="tori-packed-matmul")
 
 

@@ -35,6 +35,12 @@ least PACKED_MIN_ROWS, N at least PACKED_MIN_COLUMNS and the tile's columns, K a
 PACKED_MIN_DEPTH and PACKED_MIN_FLOP of work (`packable`), into a call of a private function
 of builtin tensors (one per form), `torch_c` casts around the call.
 
+A matmul reducing over SHALLOW_DEPTH values or fewer (a 1x1 convolution of 16
+channels), with SHALLOW_MIN_ROWS rows or more and SHALLOW_COLUMNS columns, is not
+packed: it becomes a call of a `linalg.matmul` with tori's tiles, which IREE's data
+tiling leaves alone, so that no pack joins the dispatch that computes its left operand
+(`ShallowMatmul`).
+
 Never changes: batched matmuls, matmuls of fewer rows (a decoding step's), matmuls
 whose left operand a convolution computes (CONVOLUTION_DEPTH), dynamic shapes, other
 element types, and every module when `rows` is 0.
@@ -114,6 +120,27 @@ MIN_WORKGROUPS = 48
 # one sequence 48.9, 47.3 against 50.7, 50.1 and 49.0, 49.5.
 DEEP_REDUCTION = 1024
 
+# A matmul reducing over at most this many values (one AVX-512 vector of float32: a 1x1
+# convolution of 16 channels) is not packed at all: IREE's data tiling packed its left
+# operand in the dispatch that computes it, and MobileNetV3's first depthwise
+# convolution (16 channels at 112x112, 8 images) took 7.7 ms with that pack, 0.34
+# without (`tori profile`). As IREE's linalg.matmul with tori's tiles (SHALLOW_ROWS rows
+# a workgroup, vectors of SHALLOW_VECTOR_ROWS rows by all the columns), which IREE's
+# data tiling leaves alone, MobileNetV3's 112x112 stage at 8 images took 8.0 ms of
+# dispatches against 14.8, the model 51.5-52.7 ms against 57.1-59.3 (alternate calls in
+# one process, either order; Intel Xeon with AVX-512, 2026-12-05); at one image no
+# change beyond the order's 2-3%.
+SHALLOW_DEPTH = 16
+# ...with at least this many rows (pixels over the batch)...
+SHALLOW_MIN_ROWS = 1024
+# ...and one of these column counts: EfficientNet-B0's 16 channels onto 96 at 8 images
+# took 7.7 ms in vectors of 32 columns against IREE's 4.2 (the model 4-5% slower),
+# and vector tiles of 48 or 96 columns ran 50 ms standalone (100352 rows).
+SHALLOW_COLUMNS = (16, 32, 64)
+SHALLOW_ROWS = 512
+SHALLOW_VECTOR_ROWS = 4
+
+
 def _tensor(*dims: int) -> str:
     return f"tensor<{'x'.join(map(str, dims))}xf32>"
 
@@ -184,6 +211,49 @@ class PackedMatmul:
         return "\n".join(f"{line} {location}" if location and line.startswith("  %") else line for line in ops)
 
 
+@dataclass(frozen=True)
+class ShallowMatmul:
+    """A matmul whose reduction is SHALLOW_DEPTH or less: IREE's linalg.matmul with
+    tori's tiles, which IREE's data tiling then leaves alone."""
+
+    m: int
+    k: int
+    n: int
+
+    @property
+    def name(self) -> str:
+        return f"tori_shallow_mm_{self.m}x{self.k}x{self.n}"
+
+    def function(self, location: str = "") -> str:
+        m, k, n = self.m, self.k, self.n
+        info = cpu_compilation_info((SHALLOW_ROWS, n, 0), (SHALLOW_VECTOR_ROWS, n, 0), (0, 0, 1))
+        ops = [
+            f"func.func private @{self.name}(%x: {_tensor(m, k)}, %w: {_tensor(k, n)}) -> {_tensor(m, n)} {{",
+            "  %zero = arith.constant 0.0 : f32",
+            f"  %c0 = tensor.empty() : {_tensor(m, n)}",
+            f"  %c1 = linalg.fill ins(%zero : f32) outs(%c0 : {_tensor(m, n)}) -> {_tensor(m, n)}",
+            f"  %c = linalg.matmul {{compilation_info = {info}}} ins(%x, %w : {_tensor(m, k)}, {_tensor(k, n)}) "
+            f"outs(%c1 : {_tensor(m, n)}) -> {_tensor(m, n)}",
+            f"  return %c : {_tensor(m, n)}",
+            "}",
+        ]
+        return "\n".join(f"{line} {location}" if location and line.startswith("  %") else line for line in ops)
+
+
+def shallow_form(op: ir.Operation) -> ShallowMatmul | None:
+    """The form of a `torch.aten.mm` reducing over SHALLOW_DEPTH values or fewer, with
+    SHALLOW_MIN_ROWS rows or more and SHALLOW_COLUMNS columns, else None."""
+    if op.name != "torch.aten.mm":
+        return None
+    lhs, rhs, out = (_shape(v) for v in (*op.operands, op.results[0]))
+    if lhs is None or rhs is None or out is None or len(lhs) != 2 or len(rhs) != 2:
+        return None
+    (m, k), (k_right, n) = lhs, rhs
+    if k != k_right or out != [m, n] or k > SHALLOW_DEPTH or m < SHALLOW_MIN_ROWS or n not in SHALLOW_COLUMNS:
+        return None
+    return ShallowMatmul(m, k, n)
+
+
 def packable(m: int, k: int, n: int) -> bool:
     """Whether an [m, k] by [k, n] float32 matmul is large enough for tori's packed
     tiles (the least rows, columns, reduction and work above); targets/codegen.py's
@@ -238,10 +308,14 @@ def matmul_form(op: ir.Operation, rows: int, cols: int) -> tuple[PackedMatmul, l
 @register_pass(PASS_NAME)
 def packed_matmul(op: ir.Operation, pass_: object, *, rows: int = 0, cols: int = 0) -> None:
     """Rewrite each float32 matmul large enough (`packable`) into packed tiles of
-    `rows` x `cols` (`rows=0`: nothing changes)."""
+    `rows` x `cols`, and each shallow one (`shallow_form`) into tori's unpacked tiles
+    (`rows=0`: nothing changes)."""
     for mm in ops_named(op, "torch.aten.mm"):
         found = matmul_form(mm, rows, cols)
-        if found is None:
+        if found is not None:
+            form, operands = found
+        elif rows > 0 and (shallow := shallow_form(mm)) is not None:
+            form, operands = shallow, list(mm.operands)
+        else:
             continue
-        form, operands = found
         call_private_function(op, mm, form.name, form.function(str(mm.location)), operands, [ir.F32Type.get()] * 2)
