@@ -145,6 +145,12 @@ def _tensor(*dims: int) -> str:
     return f"tensor<{'x'.join(map(str, dims))}xf32>"
 
 
+def _located(ops: list[str], location: str) -> str:
+    """A function's lines, its ops carrying `location` (the matmul's, printed), so that
+    IREE's dispatches name the torch op they compute."""
+    return "\n".join(f"{line} {location}" if location and line.startswith("  %") else line for line in ops)
+
+
 @dataclass(frozen=True)
 class PackedMatmul:
     """One form of matmul: the function name and body depend only on it."""
@@ -208,7 +214,7 @@ class PackedMatmul:
             f"  return %y : {_tensor(m, n)}",
             "}",
         ]
-        return "\n".join(f"{line} {location}" if location and line.startswith("  %") else line for line in ops)
+        return _located(ops, location)
 
 
 @dataclass(frozen=True)
@@ -237,19 +243,28 @@ class ShallowMatmul:
             f"  return %c : {_tensor(m, n)}",
             "}",
         ]
-        return "\n".join(f"{line} {location}" if location and line.startswith("  %") else line for line in ops)
+        return _located(ops, location)
 
 
-def shallow_form(op: ir.Operation) -> ShallowMatmul | None:
-    """The form of a `torch.aten.mm` reducing over SHALLOW_DEPTH values or fewer, with
-    SHALLOW_MIN_ROWS rows or more and SHALLOW_COLUMNS columns, else None."""
+def _matmul_dims(op: ir.Operation) -> tuple[int, int, int] | None:
+    """(M, K, N) of a `torch.aten.mm` of static float32 [M, K] and [K, N] operands, else None."""
     if op.name != "torch.aten.mm":
         return None
     lhs, rhs, out = (_shape(v) for v in (*op.operands, op.results[0]))
     if lhs is None or rhs is None or out is None or len(lhs) != 2 or len(rhs) != 2:
         return None
     (m, k), (k_right, n) = lhs, rhs
-    if k != k_right or out != [m, n] or k > SHALLOW_DEPTH or m < SHALLOW_MIN_ROWS or n not in SHALLOW_COLUMNS:
+    return (m, k, n) if k == k_right and out == [m, n] else None
+
+
+def shallow_form(op: ir.Operation) -> ShallowMatmul | None:
+    """The form of a `torch.aten.mm` reducing over SHALLOW_DEPTH values or fewer, with
+    SHALLOW_MIN_ROWS rows or more and SHALLOW_COLUMNS columns, else None."""
+    dims = _matmul_dims(op)
+    if dims is None:
+        return None
+    m, k, n = dims
+    if k > SHALLOW_DEPTH or m < SHALLOW_MIN_ROWS or n not in SHALLOW_COLUMNS:
         return None
     return ShallowMatmul(m, k, n)
 
@@ -291,14 +306,12 @@ def _fed_by_convolution(value: ir.Value, depth: int = CONVOLUTION_DEPTH) -> bool
 
 def matmul_form(op: ir.Operation, rows: int, cols: int) -> tuple[PackedMatmul, list[ir.Value]] | None:
     """The form of a `torch.aten.mm` this pass rewrites and the function's operands, else None."""
-    if op.name != "torch.aten.mm" or rows <= 0 or cols <= 0:
+    dims = _matmul_dims(op) if rows > 0 and cols > 0 else None
+    if dims is None:
         return None
+    m, k, n = dims
     x, right = op.operands
-    lhs, rhs, out = _shape(x), _shape(right), _shape(op.results[0])
-    if lhs is None or rhs is None or out is None or len(lhs) != 2 or len(rhs) != 2:
-        return None
-    (m, k), (k_right, n) = lhs, rhs
-    if k != k_right or out != [m, n] or m < rows or n < cols or not packable(m, k, n) or _fed_by_convolution(x):
+    if m < rows or n < cols or not packable(m, k, n) or _fed_by_convolution(x):
         return None
     weight = _transposed(right)
     form = PackedMatmul(m, k, n, tile_rows(m, rows), cols, weight_nk=weight is not None)
