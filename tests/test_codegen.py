@@ -17,7 +17,7 @@ from tori.targets import Target
 from tori.passes.packed_matmul import PACKED_MIN_ROWS, tile_rows
 from tori.targets.codegen import Family, choose, op_families
 from tori.targets.cpu import cpu_features
-from tori.testing import assert_matches_eager
+from tori.testing import assert_matches_eager, count_graphs
 
 
 class _Mixed(nn.Module):
@@ -208,6 +208,48 @@ def test_shallow_one_by_one_convolutions_match_eager_unpacked():
     functions = set(re.findall(rb"tori_[a-z]+_mm_[0-9x_nk]+", graph.iree_bytecode))
     assert functions == {b"tori_shallow_mm_2048x16x16", b"tori_shallow_mm_2048x16x64",
                          b"tori_packed_mm_2048x64x256_nk_12x32"}
+
+
+def test_max_pooling_runs_channels_last_and_matches_eager():
+    # ResNet's stem: convolution, BatchNorm, ReLU, then a 3x3 stride-2 max pooling whose
+    # result feeds a convolution and a residual add; the pooling reaches IREE as tori's
+    # channels-last function (passes/pooling_nhwc.py), a NaN and -inf included.
+    torch.manual_seed(0)
+
+    class Stem(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Sequential(nn.Conv2d(3, 16, 7, 2, 3), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(3, 2, 1))
+            self.conv = nn.Conv2d(16, 16, 3, 1, 1)
+
+        def forward(self, x):
+            y = self.stem(x)
+            return torch.relu(self.conv(y) + y)
+
+    x = torch.randn(2, 3, 64, 66)
+    with torch.no_grad():
+        assert_matches_eager(Stem().eval(), x, options={"cache": False}, rtol=1e-4, atol=1e-4)
+        assert b"tori_max_pool_2x16x33x35_3x3_s2x2_p0x0_d1x1_f32" in tori.last_compile().graphs[0].iree_bytecode
+        x = torch.randn(1, 4, 9, 11)
+        x[0, 0, 2, 2], x[0, 1, 0, 0], x[0, 2] = float("nan"), -float("inf"), -float("inf")
+        assert_matches_eager(nn.MaxPool2d(3, 2, 1, ceil_mode=True), x, options={"cache": False})
+        assert b"tori_max_pool_1x4x9x11_3x3_s2x2_p1x1_d1x1_f32" in tori.last_compile().graphs[0].iree_bytecode
+
+
+def test_max_pooling_trains_channels_last():
+    # tori's decomposition takes the indices from comparisons with the pooled values
+    # (frontend/decomp/pytorch.py), so the forward's pooling is channels last too.
+    pool = nn.MaxPool2d(3, 2, 1)
+    x = torch.randn(2, 4, 10, 10, requires_grad=True)
+    compiled = torch.compile(pool, backend="tori", options={"fallback": "error", "cache": False})
+    with count_graphs() as count:
+        compiled(x).square().sum().backward()
+    assert count.compiled_graphs == 2  # forward and backward
+    grad, x.grad = x.grad, None
+    pool(x).square().sum().backward()
+    torch.testing.assert_close(grad, x.grad)
+    forward = next(g for g in tori.last_compile().graphs if g.kind == "forward")
+    assert b"tori_max_pool_2x4x11x11_3x3_s2x2_p0x0_d1x1_f32" in forward.iree_bytecode
 
 
 def test_small_matmuls_keep_iree_defaults():

@@ -79,8 +79,9 @@ def _is_none(value: ir.Value) -> bool:
 
 
 @dataclass(frozen=True)
-class Depthwise:
-    """One form of depthwise convolution: the function name and body depend only on it."""
+class WindowForm:
+    """The shapes of a 2-D op over windows of an NCHW input (a convolution, a pooling):
+    a private function's name and body depend only on them."""
 
     input: tuple[int, int, int, int]   # N, C, H, W
     kernel: tuple[int, int]
@@ -88,15 +89,25 @@ class Depthwise:
     padding: tuple[int, int]
     dilation: tuple[int, int]
     output: tuple[int, int, int, int]
+
+    def signature(self) -> str:
+        """The shapes as a function name's part: `1x384x14x14_7x7_s1x1_p3x3_d1x1`."""
+        def dims(values) -> str:
+            return "x".join(map(str, values))
+
+        return (f"{dims(self.input)}_{dims(self.kernel)}_s{dims(self.stride)}"
+                f"_p{dims(self.padding)}_d{dims(self.dilation)}")
+
+
+@dataclass(frozen=True)
+class Depthwise(WindowForm):
+    """One form of depthwise convolution."""
+
     bias: bool
 
     @property
     def name(self) -> str:
-        def dims(values) -> str:
-            return "x".join(map(str, values))
-
-        return (f"tori_depthwise_{dims(self.input)}_{dims(self.kernel)}_s{dims(self.stride)}"
-                f"_p{dims(self.padding)}_d{dims(self.dilation)}{'_bias' if self.bias else ''}_f32")
+        return f"tori_depthwise_{self.signature()}{'_bias' if self.bias else ''}_f32"
 
     def _input_map(self) -> str:
         (sh, sw), (dh, dw) = self.stride, self.dilation
