@@ -296,6 +296,35 @@ def test_driver_trial_times_each_call_until_the_next_one_starts():
     assert choice.median_us["local-task"] >= 5000 > choice.median_us["local-sync"]
 
 
+def test_driver_trial_leaves_out_other_graphs_trial_calls():
+    """Two graphs called in turn, their trials one call apart: each graph's period holds
+    the other's trial call, on the other driver. Those calls are not counted, so a
+    graph slow on one driver decides only its own choice."""
+    first = torch.compile(lambda x: x * 2 + 1, backend="tori", options={"fallback": "error"})
+    second = torch.compile(lambda x: x * 3 - 1, backend="tori", options={"fallback": "error"})
+    x = torch.randn(8)
+    first(x)  # its trial starts a call before the second's
+    a = tori.last_compile().forward.compiled
+    second(x)
+    b = tori.last_compile().forward.compiled
+    slow_task = b._modules["local-task"]
+    run = b._run
+
+    def slow_on_local_task(module, args):  # the second graph's local-task calls take 50 ms
+        if module is slow_task:
+            time.sleep(0.05)
+        return run(module, args)
+
+    b._run = slow_on_local_task
+    for _ in range(2 * TRIAL_CALLS_PER_DRIVER + 1):
+        torch.testing.assert_close(first(x), x * 2 + 1)
+        torch.testing.assert_close(second(x), x * 3 - 1)
+    assert b.driver_choice.driver == "local-sync", b.driver_choice.reason
+    assert b.driver_choice.median_us["local-task"] >= 50_000
+    # Without that, the first graph's periods on one driver held the second's slow calls.
+    assert max(a.driver_choice.median_us.values()) < 25_000, a.driver_choice.reason
+
+
 def test_a_decisive_gap_between_long_calls_settles_the_driver_early():
     """Calls of 20 ms or more where one driver is 1.5x faster or more: after two timed
     calls each the choice is final, without the rest of the trial or the review."""
