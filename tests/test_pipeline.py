@@ -98,6 +98,14 @@ def test_iree_flags_from_a_string_a_json_list_or_a_sequence_and_only_flags():
         Options.from_mapping({"iree_flags": '["--a"'}, base=Options())
     with pytest.raises(OptionsError, match="invalid iree_flags 5"):
         Options.from_mapping({"iree_flags": 5}, base=Options())
+    # Flags that let a dispatch outgrow the 128 KiB stacks of IREE's worker threads.
+    with pytest.raises(OptionsError, match="'--iree-llvmcpu-fail-on-large-vector=false' is refused: IREE's check"):
+        Options.from_mapping({"iree_flags": ["--iree-llvmcpu-fail-on-large-vector=false"]}, base=Options())
+    with pytest.raises(OptionsError, match="allocate 131072 bytes on the stack"):
+        Options.from_mapping({"iree_flags": "--iree-llvmcpu-stack-allocation-limit=131072"}, base=Options())
+    assert Options.from_mapping({"iree_flags": ["--iree-llvmcpu-stack-allocation-limit=65536",
+                                                "--iree-llvmcpu-fail-on-large-vector=true"]},
+                                base=Options()).iree_flags[0].endswith("65536")
 
 
 def test_a_misspelt_environment_variable_is_named_with_the_one_meant():

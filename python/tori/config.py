@@ -208,7 +208,32 @@ def _iree_flags(value: Any) -> tuple[str, ...]:
                                message=f"invalid iree_flags item {flag!r}: each item is one iree-compile flag "
                                        f"starting with -- (e.g. --iree-opt-level=O3)",
                                hint="`iree-compile --help` lists them")
+        _check_stack_safe(flag)
     return flags
+
+
+# The stack of each of IREE's worker threads (its runtime's `--task_worker_stack_size`),
+# on which a dispatch runs: what a dispatch puts on it beyond this crashes the process.
+_WORKER_STACK_BYTES = 128 * 1024
+
+
+def _check_stack_safe(flag: str) -> None:
+    """Refuse the iree-compile flags that let a dispatch outgrow a worker's stack: with
+    IREE's check of vector sizes off, MobileNetV3's graph at 8 images compiled vectors
+    of 32 KiB and its first call died of a segmentation fault (docs/performance.md)."""
+    name, _, value = flag.partition("=")
+    if name == "--iree-llvmcpu-fail-on-large-vector" and value.lower() in ("false", "0"):
+        reason = ("IREE's check of vector sizes keeps a dispatch's vectors, and what they spill, within "
+                  "the 128 KiB stack of IREE's worker threads; without it a call can crash the process")
+    elif name == "--iree-llvmcpu-stack-allocation-limit" and value.isdigit() and int(value) >= _WORKER_STACK_BYTES:
+        reason = (f"a dispatch may then allocate {int(value)} bytes on the stack of IREE's worker threads, "
+                  "which hold 128 KiB: a call can crash the process")
+    else:
+        return
+    raise OptionsError("iree_flags", flag, ["flags that keep dispatches within IREE's worker stacks"],
+                       message=f"iree_flags item {flag!r} is refused: {reason}",
+                       hint="Remove it; where iree-compile fails without it, tori compiles the graph on "
+                            "IREE's other paths")
 
 
 def _coerce(name: str, value: Any) -> Any:
