@@ -208,8 +208,11 @@ class CompiledGraph:
         with self._trial_lock:
             now = time.perf_counter()
             if self._timed is not None:
-                driver, start, others = self._timed
-                self._timings[driver].append(now - start - (_trial_seconds() - others))
+                driver, start, thread, others = self._timed
+                # Other graphs' trial calls since, where this call comes on the thread that
+                # made the timed one (each thread keeps its own count).
+                between = _trial_seconds() - others if thread == threading.get_ident() else 0.0
+                self._timings[driver].append(now - start - between)
                 self._timed = None
                 if not self._trials:  # the round's last period: it is complete
                     self._settle()
@@ -223,7 +226,7 @@ class CompiledGraph:
                     return self._run(self._modules[driver], args)
                 finally:
                     _TRIALS.seconds = _trial_seconds() + time.perf_counter() - now
-                    self._timed = (driver, now, _trial_seconds())
+                    self._timed = (driver, now, threading.get_ident(), _trial_seconds())
         return self._call_until_review(args) if not self.driver_choice.final else self._call_active(args)
 
     def _call_until_review(self, args):
