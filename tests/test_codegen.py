@@ -2,6 +2,7 @@
 that they reach iree-compile and the cache key, that the user's flags win, and that
 graphs compiled with each strategy match eager."""
 
+import copy
 import re
 
 import pytest
@@ -403,3 +404,58 @@ def test_wide_matmul_rule_matches_eager():
     graph = tori.last_compile().graphs[0]
     assert "larger workgroup tiles" in str(graph.codegen)
     assert "--iree-llvmcpu-matmul-tile-bytes=2097152" in graph.stages["iree"]
+
+
+def test_layer_norm_moments_in_one_pass_match_eager():
+    # A transformer block's normalizations: LayerNorm's mean and variance in one pass
+    # over the rows, RMSNorm's mean of squares in lane sums (passes/row_moments.py).
+    torch.manual_seed(0)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.LayerNorm(128)
+            self.fc = nn.Linear(128, 64)
+            self.rms_weight = nn.Parameter(torch.rand(64) + 0.5)
+
+        def forward(self, x):
+            y = self.fc(self.norm(x))
+            return y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + 1e-6) * self.rms_weight
+
+    block = Block().eval()
+    with torch.no_grad():
+        assert_matches_eager(block, torch.randn(2, 40, 128), options={"cache": False}, rtol=1e-4, atol=1e-4)
+    code = tori.last_compile().graphs[0].iree_bytecode
+    assert b"tori_row_moments_2x40x128_f32" in code and b"tori_row_mean_2x40x64_f32" in code
+
+
+def test_layer_norm_moments_keep_the_precision_of_rows_far_from_zero():
+    # Rows of mean 3e3 and standard deviation 1: a float32 E[x^2] - E[x]^2 would lose
+    # every digit of the variance; in float64 tori's result is as close to the float64
+    # reference as eager's Welford sums are (closer, here).
+    torch.manual_seed(0)
+    norm = nn.LayerNorm(128)
+    x = torch.randn(4, 30, 128) + 3000.0
+    compiled = torch.compile(norm, backend="tori", options={"fallback": "error", "cache": False})
+    with torch.no_grad():
+        reference = copy.deepcopy(norm).double()(x.double())
+        eager_error = (norm(x).double() - reference).abs().max().item()
+        tori_error = (compiled(x).double() - reference).abs().max().item()
+    assert b"tori_row_moments_4x30x128_f32" in tori.last_compile().graphs[0].iree_bytecode
+    assert tori_error <= 1.5 * eager_error, (tori_error, eager_error)
+
+
+def test_layer_norm_moments_train():
+    norm = nn.LayerNorm(64)
+    x = torch.randn(3, 5, 64, requires_grad=True)
+    compiled = torch.compile(norm, backend="tori", options={"fallback": "error", "cache": False})
+    with count_graphs() as count:
+        compiled(x).square().sum().backward()
+    assert count.compiled_graphs == 2  # forward and backward
+    grads, x.grad = (x.grad, norm.weight.grad), None
+    norm.weight.grad = None
+    norm(x).square().sum().backward()
+    torch.testing.assert_close(grads[0], x.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(grads[1], norm.weight.grad, rtol=1e-4, atol=1e-4)
+    forward = next(g for g in tori.last_compile().graphs if g.kind == "forward")
+    assert b"tori_row_moments_3x5x64_f32" in forward.iree_bytecode

@@ -234,6 +234,15 @@ def call_private_function(module: ir.Operation, op: ir.Operation, name: str, tex
     """Replace `op` (one float32 result) with a call of the private function `name`
     (defined from `text` if the module lacks it) on `operands` cast to builtin tensors
     of the given element types; `torch_c` casts around the call."""
+    call_in_place_of(module, op, name, text, operands, elements, [op.results[0]])
+    op.erase()
+
+
+def call_in_place_of(module: ir.Operation, before: ir.Operation, name: str, text: str, operands: list[ir.Value],
+                     elements: list[ir.Type], replaced: list[ir.Value]) -> None:
+    """Call the private function `name` (defined from `text` if the module lacks it)
+    just before `before`, on `operands` cast to builtin tensors of the given element
+    types; its float32 results, cast back, take the uses of `replaced`, in order."""
     # torch_c (Torch-MLIR's TorchConversion dialect) has no Python registration: its
     # casts are made in generic form, which IREE's parser reads as its own ops.
     module.context.allow_unregistered_dialects = True
@@ -242,15 +251,15 @@ def call_private_function(module: ir.Operation, op: ir.Operation, name: str, tex
         function = parsed.body.operations[0].operation
         function.detach_from_parent()
         module.regions[0].blocks[0].append(function)
-    result = op.results[0]
-    shape = _static_sizes(result)
-    with ir.InsertionPoint(op), op.location:
+    with ir.InsertionPoint(before), before.location:
+        result_types = [ir.RankedTensorType.get(_static_sizes(value), ir.F32Type.get()) for value in replaced]
         builtins = [_builtin(value, element) for value, element in zip(operands, elements)]
-        call = ir.Operation.create("func.call", operands=builtins, results=[ir.RankedTensorType.get(shape, ir.F32Type.get())],
+        call = ir.Operation.create("func.call", operands=builtins, results=result_types,
                                    attributes={"callee": ir.FlatSymbolRefAttr.get(name)})
-        back = ir.Operation.create("torch_c.from_builtin_tensor", operands=[call.results[0]], results=[result.type])
-    result.replace_all_uses_with(back.results[0])
-    op.erase()
+        backs = [ir.Operation.create("torch_c.from_builtin_tensor", operands=[result], results=[value.type])
+                 for result, value in zip(call.results, replaced)]
+    for value, back in zip(replaced, backs):
+        value.replace_all_uses_with(back.results[0])
 
 
 @register_pass(PASS_NAME)

@@ -1,0 +1,204 @@
+"""FileCheck tests of tori-row-moments: a layer normalization's mean and mean of
+squared differences over the last dimension become one call that sums each row in
+float64 lanes, any other mean of whole rows a call of its lane sums; means over other
+dimensions, of short or ragged rows, of other dtypes or dynamic shapes are left as
+they are."""
+
+PIPELINE = "tori-row-moments"
+
+
+def _norm(x: str, kept: str, dim: int = -1, square: str = "%2, %2", keepdim: str = "%true", alpha: int = 1) -> str:
+    return f"""
+          %true = torch.constant.bool true
+          %false = torch.constant.bool false
+          %none = torch.constant.none
+          %dim = torch.constant.int {dim}
+          %alpha = torch.constant.int {alpha}
+          %eps = torch.constant.float 1.000000e-05
+          %dims = torch.prim.ListConstruct %dim : (!torch.int) -> !torch.list<int>
+          %1 = torch.aten.mean.dim %arg0, %dims, {keepdim}, %none : {x}, !torch.list<int>, !torch.bool, !torch.none -> {kept}
+          %2 = torch.aten.sub.Tensor %arg0, %1, %alpha : {x}, {kept}, !torch.int -> {x}
+          %3 = torch.aten.mul.Tensor {square} : {x}, {x} -> {x}
+          %4 = torch.aten.mean.dim %3, %dims, {keepdim}, %none : {x}, !torch.list<int>, !torch.bool, !torch.none -> {kept}
+          %5 = torch.aten.add.Scalar %4, %eps, %alpha : {kept}, !torch.float, !torch.int -> {kept}
+          %6 = torch.aten.rsqrt %5 : {kept} -> {kept}
+          %7 = torch.aten.mul.Tensor %2, %6 : {x}, {kept} -> {x}
+"""
+
+
+def test_layer_norm_moments_become_one_call(filecheck):
+    x, kept = "!torch.vtensor<[8,197,384],f32>", "!torch.vtensor<[8,197,1],f32>"
+    filecheck(f"""
+        func.func @norm(%arg0: {x}) -> ({x}, {kept}) {{
+          {_norm(x, kept)}
+          return %7, %1 : {x}, {kept}
+        }}
+    """, """
+        # CHECK-LABEL: func.func @norm
+        # CHECK:         %[[X:.+]] = "torch_c.to_builtin_tensor"(%arg0) : (!torch.vtensor<[8,197,384],f32>) -> tensor<8x197x384xf32>
+        # CHECK:         %[[C:.+]]:2 = call @tori_row_moments_8x197x384_f32(%[[X]]) : (tensor<8x197x384xf32>) -> (tensor<8x197x1xf32>, tensor<8x197x1xf32>)
+        # CHECK:         %[[M:.+]] = "torch_c.from_builtin_tensor"(%[[C]]#0) : (tensor<8x197x1xf32>) -> !torch.vtensor<[8,197,1],f32>
+        # CHECK:         %[[V:.+]] = "torch_c.from_builtin_tensor"(%[[C]]#1) : (tensor<8x197x1xf32>) -> !torch.vtensor<[8,197,1],f32>
+        # CHECK-NOT:     torch.aten.mean.dim
+        # CHECK:         %[[D:.+]] = torch.aten.sub.Tensor %arg0, %[[M]]
+        # CHECK-NOT:     torch.aten.mul.Tensor %[[D]], %[[D]]
+        # CHECK:         %[[E:.+]] = torch.aten.add.Scalar %[[V]]
+        # CHECK:         return {{.*}}, %[[M]]
+        # CHECK-LABEL: func.func private @tori_row_moments_8x197x384_f32
+        # CHECK:         tensor.collapse_shape %{{.*}} {{\\[\\[}}0, 1], [2]] : tensor<8x197x384xf32> into tensor<1576x384xf32>
+        # CHECK:         tensor.expand_shape %{{.*}} {{\\[\\[}}0], [1, 2]] output_shape [1576, 48, 8] : tensor<1576x384xf32> into tensor<1576x48x8xf32>
+        # CHECK:         %[[S:.+]]:2 = linalg.generic
+        # CHECK-SAME:      iterator_types = ["parallel", "reduction", "parallel"]
+        # CHECK-SAME:      outs({{.*}} : tensor<1576x8xf64>, tensor<1576x8xf64>)
+        # CHECK:           arith.extf %{{.*}} : f32 to f64
+        # The lanes, each an input of an elementwise op over the rows (no reduction).
+        # CHECK:         linalg.generic {{.*}} iterator_types = ["parallel"]
+        # CHECK-SAME:      ins(%[[S]]#0, %[[S]]#0, %[[S]]#0, %[[S]]#0, %[[S]]#0, %[[S]]#0, %[[S]]#0, %[[S]]#0, %[[S]]#1,
+        # CHECK:           arith.subf
+        # CHECK:           arith.maximumf
+        # CHECK:           arith.truncf
+        # CHECK:         tensor.expand_shape {{.*}} output_shape [8, 197, 1] : tensor<1576xf32> into tensor<8x197x1xf32>
+    """)
+
+
+def test_rows_of_a_matrix_need_no_collapse(filecheck):
+    x, kept = "!torch.vtensor<[4,64],f32>", "!torch.vtensor<[4,1],f32>"
+    output = filecheck(f"""
+        func.func @norm(%arg0: {x}) -> {x} {{
+          {_norm(x, kept, dim=1)}
+          return %7 : {x}
+        }}
+    """, """
+        # CHECK: call @tori_row_moments_4x64_f32
+        # CHECK-LABEL: func.func private @tori_row_moments_4x64_f32
+        # CHECK-NOT: tensor.collapse_shape
+        # CHECK: output_shape [4, 8, 8]
+    """)
+    assert "torch.aten.mean.dim" not in output
+    assert all(f"affine_map<(d0) -> (d0, {lane})>" in output for lane in range(8))  # each lane an input
+
+
+def test_one_function_serves_every_normalization_of_its_shape(filecheck):
+    x, kept = "!torch.vtensor<[2,64],f32>", "!torch.vtensor<[2,1],f32>"
+    output = filecheck(f"""
+        func.func @twice(%arg0: {x}) -> ({x}, {x}) {{
+          {_norm(x, kept)}
+          %11 = torch.aten.mean.dim %7, %dims, %true, %none : {x}, !torch.list<int>, !torch.bool, !torch.none -> {kept}
+          %12 = torch.aten.sub.Tensor %7, %11, %alpha : {x}, {kept}, !torch.int -> {x}
+          %13 = torch.aten.mul.Tensor %12, %12 : {x}, {x} -> {x}
+          %14 = torch.aten.mean.dim %13, %dims, %true, %none : {x}, !torch.list<int>, !torch.bool, !torch.none -> {kept}
+          %15 = torch.aten.mul.Tensor %12, %14 : {x}, {kept} -> {x}
+          return %7, %15 : {x}, {x}
+        }}
+    """, """
+        # CHECK-COUNT-2: call @tori_row_moments_2x64_f32
+    """)
+    assert output.count("func.func private @tori_row_moments") == 1
+    assert "torch.aten.mean.dim" not in output
+
+
+def test_a_mean_of_squares_becomes_a_call_of_its_lane_sums(filecheck):
+    # RMSNorm: mean(x * x) over the last dimension, then rsqrt.
+    x, kept = "!torch.vtensor<[1,128,512],f32>", "!torch.vtensor<[1,128,1],f32>"
+    output = filecheck(f"""
+        func.func @rms(%arg0: {x}) -> {kept} {{
+          %true = torch.constant.bool true
+          %none = torch.constant.none
+          %dim = torch.constant.int 2
+          %dims = torch.prim.ListConstruct %dim : (!torch.int) -> !torch.list<int>
+          %0 = torch.aten.mul.Tensor %arg0, %arg0 : {x}, {x} -> {x}
+          %1 = torch.aten.mean.dim %0, %dims, %true, %none : {x}, !torch.list<int>, !torch.bool, !torch.none -> {kept}
+          %2 = torch.aten.rsqrt %1 : {kept} -> {kept}
+          return %2 : {kept}
+        }}
+    """, """
+        # CHECK-LABEL: func.func @rms
+        # CHECK:         %[[Q:.+]] = torch.aten.mul.Tensor %arg0, %arg0
+        # CHECK:         %[[B:.+]] = "torch_c.to_builtin_tensor"(%[[Q]])
+        # CHECK:         %[[C:.+]] = call @tori_row_mean_1x128x512_f32(%[[B]]) : (tensor<1x128x512xf32>) -> tensor<1x128x1xf32>
+        # CHECK:         %[[M:.+]] = "torch_c.from_builtin_tensor"(%[[C]])
+        # CHECK:         torch.aten.rsqrt %[[M]]
+        # CHECK-LABEL: func.func private @tori_row_mean_1x128x512_f32
+        # CHECK:         %[[S:[0-9]+]] = linalg.generic {{.*}} iterator_types = ["parallel", "reduction", "parallel"]
+        # CHECK-SAME:      outs({{.*}} : tensor<128x8xf64>)
+        # CHECK-NOT:       arith.mulf
+        # CHECK:         linalg.generic {{.*}} iterator_types = ["parallel"]
+        # CHECK-SAME:      ins(%[[S]], %[[S]], %[[S]], %[[S]], %[[S]], %[[S]], %[[S]], %[[S]] : tensor<128x8xf64>,
+        # CHECK:         arith.divf
+        # CHECK-NOT:     arith.subf
+    """)
+    assert "torch.aten.mean.dim" not in output
+
+
+def test_means_of_other_shapes_are_left_as_they_are(filecheck):
+    cases = {
+        # a row of 100: not whole vectors of 8 lanes
+        "row of 100": ("!torch.vtensor<[4,100],f32>", "!torch.vtensor<[4,1],f32>", {}),
+        # a row of 16: shorter than MIN_ROW
+        "row of 16": ("!torch.vtensor<[4,16],f32>", "!torch.vtensor<[4,1],f32>", {}),
+        # over the first dimension
+        "first dim": ("!torch.vtensor<[64,64],f32>", "!torch.vtensor<[1,64],f32>", {"dim": 0}),
+        "float16": ("!torch.vtensor<[4,64],f16>", "!torch.vtensor<[4,1],f16>", {}),
+        "dynamic": ("!torch.vtensor<[?,64],f32>", "!torch.vtensor<[?,1],f32>", {}),
+    }
+    for case, (x, kept, changes) in cases.items():
+        output = filecheck(f"""
+            func.func @norm(%arg0: {x}) -> {x} {{
+              {_norm(x, kept, **changes)}
+              return %7 : {x}
+            }}
+        """, """
+            # CHECK: torch.aten.mean.dim
+            # CHECK: torch.aten.mean.dim
+            # CHECK-NOT: call @tori_row
+        """)
+        assert "tori_row" not in output, case
+
+
+def test_means_of_other_patterns_are_summed_apart(filecheck):
+    x, kept = "!torch.vtensor<[4,64],f32>", "!torch.vtensor<[4,1],f32>"
+    cases = {
+        # the product of two different tensors is no square
+        "not a square": {"square": "%2, %arg0"},
+        # x - 2 * mean
+        "alpha 2": {"alpha": 2},
+    }
+    for case, changes in cases.items():
+        output = filecheck(f"""
+            func.func @norm(%arg0: {x}) -> {x} {{
+              {_norm(x, kept, **changes)}
+              return %7 : {x}
+            }}
+        """, """
+            # CHECK-COUNT-2: call @tori_row_mean_4x64_f32
+        """)
+        assert "tori_row_moments" not in output and "torch.aten.mean.dim" not in output, case
+
+
+def test_a_square_with_another_use_stays(filecheck):
+    x, kept = "!torch.vtensor<[4,64],f32>", "!torch.vtensor<[4,1],f32>"
+    output = filecheck(f"""
+        func.func @norm(%arg0: {x}) -> ({x}, {x}) {{
+          {_norm(x, kept)}
+          return %7, %3 : {x}, {x}
+        }}
+    """, """
+        # CHECK:     %[[D:.+]] = torch.aten.sub.Tensor
+        # CHECK:     %[[S:.+]] = torch.aten.mul.Tensor %[[D]], %[[D]]
+        # CHECK:     call @tori_row_mean_4x64_f32
+        # CHECK:     return {{.*}}, %[[S]]
+    """)
+    assert "@tori_row_moments" not in output
+
+
+def test_nothing_changes_for_other_targets(filecheck):
+    x, kept = "!torch.vtensor<[4,64],f32>", "!torch.vtensor<[4,1],f32>"
+    filecheck(f"""
+        func.func @norm(%arg0: {x}) -> {x} {{
+          {_norm(x, kept)}
+          return %7 : {x}
+        }}
+    """, """
+        # CHECK: torch.aten.mean.dim
+        # CHECK-NOT: call @tori_row
+    """, pipeline="tori-row-moments{cpu=false}")
