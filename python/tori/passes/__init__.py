@@ -27,7 +27,7 @@ from tori.passes import int8_weight_matmul  # noqa: E402,F401
 from tori.passes import materialize_masks  # noqa: E402,F401
 from tori.passes import packed_matmul  # noqa: E402,F401
 from tori.passes import pooling_nhwc  # noqa: E402,F401
-from tori.passes import row_moments  # noqa: E402,F401
+from tori.passes import row_reductions  # noqa: E402,F401
 from tori.passes import lower_dialect  # noqa: E402,F401
 from tori.passes import fuse_attention  # noqa: E402,F401
 from tori.passes import fuse_layer_norm  # noqa: E402,F401

@@ -30,7 +30,7 @@ from tori.passes.matching import walk
 from tori.passes.packed_matmul import PASS_NAME as PACKED_PASS
 from tori.passes.pooling_nhwc import PASS_NAME as POOLING_PASS
 from tori.passes.registry import register_pass, run_pipeline
-from tori.passes.row_moments import PASS_NAME as MOMENTS_PASS
+from tori.passes.row_reductions import PASS_NAME as ROWS_PASS
 from tori.passes.widen_16_bit import PASS_NAME as WIDEN_PASS
 from tori.stages import Stage
 
@@ -75,8 +75,9 @@ def lower_for_iree(module: ir.Module, options, *, graph: str = "", text: str | N
                    packed_tile: tuple[int, int] = (0, 0)) -> None:
     """Run tori-lower-dialect over `module` and check that no tori op is left; then give
     depthwise convolutions IREE's channels-last kernel (tori-depthwise-nhwc), max
-    pooling IREE's channels-last one (tori-pooling-nhwc), a layer normalization's
-    mean and variance one pass over its rows (tori-row-moments), matmuls
+    pooling IREE's channels-last one (tori-pooling-nhwc), reductions over the last
+    dimension vector lanes (tori-row-reductions; a layer normalization's mean and
+    variance one pass), matmuls
     against widened int8 weights one contraction (tori-int8-weight-matmul) and 16-bit
     float contractions float32 operands where the CPU has no arithmetic for them
     (tori-widen-16-bit), float tensors selected by boolean inputs dispatches of their
@@ -95,10 +96,10 @@ def lower_for_iree(module: ir.Module, options, *, graph: str = "", text: str | N
     widen = f"{WIDEN_PASS}{{bf16={str('bf16' in missing).lower()} f16={str('f16' in missing).lower()}}}"
     masks = f"{MASKS_PASS}{{cpu={str(only_cpu).lower()}}}"
     pooling = f"{POOLING_PASS}{{cpu={str(only_cpu).lower()}}}"
-    moments = f"{MOMENTS_PASS}{{cpu={str(only_cpu).lower()}}}"
+    reductions = f"{ROWS_PASS}{{cpu={str(only_cpu).lower()}}}"
     rows, cols = packed_tile if only_cpu else (0, 0)
     packed = f"{PACKED_PASS}{{rows={rows} cols={cols}}}"
-    run_pipeline(module, f"{PASS_NAME}, {DEPTHWISE_PASS}, {pooling}, {moments}, {int8}, {widen}, {masks}, {packed}", graph=graph,
+    run_pipeline(module, f"{PASS_NAME}, {DEPTHWISE_PASS}, {pooling}, {reductions}, {int8}, {widen}, {masks}, {packed}", graph=graph,
                  text=text)
     check_lowered(module, graph=graph)
 

@@ -1,10 +1,10 @@
-"""FileCheck tests of tori-row-moments: a layer normalization's mean and mean of
+"""FileCheck tests of tori-row-reductions: a layer normalization's mean and mean of
 squared differences over the last dimension become one call that sums each row in
-float64 lanes, any other mean of whole rows a call of its lane sums; means over other
-dimensions, of short or ragged rows, of other dtypes or dynamic shapes are left as
-they are."""
+float64 lanes, any other mean, sum or maximum of whole rows a call of its lane form;
+reductions over other dimensions, of short rows, of other dtypes or dynamic shapes
+are left as they are."""
 
-PIPELINE = "tori-row-moments"
+PIPELINE = "tori-row-reductions"
 
 
 def _norm(x: str, kept: str, dim: int = -1, square: str = "%2, %2", keepdim: str = "%true", alpha: int = 1) -> str:
@@ -132,8 +132,6 @@ def test_a_mean_of_squares_becomes_a_call_of_its_lane_sums(filecheck):
 
 def test_means_of_other_shapes_are_left_as_they_are(filecheck):
     cases = {
-        # a row of 100: not whole vectors of 8 lanes
-        "row of 100": ("!torch.vtensor<[4,100],f32>", "!torch.vtensor<[4,1],f32>", {}),
         # a row of 16: shorter than MIN_ROW
         "row of 16": ("!torch.vtensor<[4,16],f32>", "!torch.vtensor<[4,1],f32>", {}),
         # over the first dimension
@@ -201,4 +199,73 @@ def test_nothing_changes_for_other_targets(filecheck):
     """, """
         # CHECK: torch.aten.mean.dim
         # CHECK-NOT: call @tori_row
-    """, pipeline="tori-row-moments{cpu=false}")
+    """, pipeline="tori-row-reductions{cpu=false}")
+
+
+def _reduce(op: str, x: str, kept: str) -> str:
+    operands, types = ("%dims, %true, %none", "!torch.list<int>, !torch.bool, !torch.none") if op != "torch.aten.amax" \
+        else ("%dims, %true", "!torch.list<int>, !torch.bool")
+    return f"""
+        func.func @rows(%arg0: {x}) -> {kept} {{
+          %true = torch.constant.bool true
+          %none = torch.constant.none
+          %dim = torch.constant.int -1
+          %dims = torch.prim.ListConstruct %dim : (!torch.int) -> !torch.list<int>
+          %0 = {op} %arg0, {operands} : {x}, {types} -> {kept}
+          return %0 : {kept}
+        }}
+    """
+
+
+def test_a_ragged_row_maximum_reads_its_last_values_apart(filecheck):
+    # DeiT's attention scores: rows of 197 keys, 12 vectors of 16 lanes and 5 values.
+    x, kept = "!torch.vtensor<[48,197,197],f32>", "!torch.vtensor<[48,197,1],f32>"
+    output = filecheck(_reduce("torch.aten.amax", x, kept), """
+        # CHECK-LABEL: func.func @rows
+        # CHECK:         call @tori_row_max_48x197x197_f32
+        # CHECK-NOT:     torch.aten.amax
+        # CHECK-LABEL: func.func private @tori_row_max_48x197x197_f32
+        # CHECK:         %[[LOW:.+]] = arith.constant 0xFF800000 : f32
+        # CHECK:         %[[X:.+]] = tensor.collapse_shape {{.*}} into tensor<9456x197xf32>
+        # CHECK:         tensor.extract_slice %[[X]][0, 0] [9456, 192] [1, 1] : tensor<9456x197xf32> to tensor<9456x192xf32>
+        # CHECK:         output_shape [9456, 12, 16]
+        # CHECK:         linalg.fill ins(%[[LOW]] : f32) outs({{.*}} : tensor<9456x16xf32>)
+        # CHECK:         %[[S:[0-9]+]] = linalg.generic {{.*}} iterator_types = ["parallel", "reduction", "parallel"]
+        # CHECK:           arith.maximumf
+        # CHECK:         linalg.generic {{.*}} iterator_types = ["parallel"]
+        # CHECK-SAME:      ins(%[[S]], {{.*}}, %[[X]], %[[X]], %[[X]], %[[X]], %[[X]] :
+        # CHECK-COUNT-20:  arith.maximumf
+        # CHECK-NOT:       arith.maximumf
+        # CHECK:           linalg.yield
+    """)
+    for column in range(192, 197):
+        assert f"affine_map<(d0) -> (d0, {column})>" in output
+
+
+def test_a_row_sum_adds_float64_lanes(filecheck):
+    x, kept = "!torch.vtensor<[8,128,130],f32>", "!torch.vtensor<[8,128,1],f32>"
+    filecheck(_reduce("torch.aten.sum.dim_IntList", x, kept), """
+        # CHECK:         call @tori_row_sum_8x128x130_f32
+        # CHECK-LABEL: func.func private @tori_row_sum_8x128x130_f32
+        # CHECK:         output_shape [1024, 16, 8]
+        # CHECK:         arith.extf
+        # CHECK:         linalg.generic {{.*}} iterator_types = ["parallel"]
+        # CHECK-COUNT-9:   arith.addf {{.*}} : f64
+        # CHECK:           arith.truncf
+        # CHECK-NOT:       arith.divf
+    """)
+
+
+def test_a_ragged_layer_norm_row_adds_its_last_values_and_their_squares(filecheck):
+    x, kept = "!torch.vtensor<[3,100],f32>", "!torch.vtensor<[3,1],f32>"
+    filecheck(f"""
+        func.func @norm(%arg0: {x}) -> {x} {{
+          {_norm(x, kept)}
+          return %7 : {x}
+        }}
+    """, """
+        # CHECK: call @tori_row_moments_3x100_f32
+        # CHECK-LABEL: func.func private @tori_row_moments_3x100_f32
+        # CHECK: tensor.extract_slice {{.*}}[0, 0] [3, 96] [1, 1]
+        # CHECK: output_shape [3, 12, 8]
+    """)

@@ -1,0 +1,295 @@
+"""tori-row-reductions: sums, means and maxima over the last dimension, and a layer
+normalization's mean and variance in one pass over its rows, with each row's values
+reduced in vector lanes.
+
+IREE lowered a reduction over the last dimension to a dispatch whose loop folds a
+vector of 16 values into one scalar accumulator: 16 dependent scalar additions per
+vector (IREE keeps floating-point reductions in order at its default optimization
+level), or a tree of shuffles per vector for a maximum. PyTorch's decomposition of
+`layer_norm` adds a second such reduction that reads what the first wrote (the
+differences from the mean, then the mean of their squares): DeiT-small at 8 images
+spent 10.3 ms a call in those two dispatches and 5.5 in its attention's row maxima
+(`tori profile`, docs/performance.md).
+
+Here each row is viewed as [C/L, L] and reduced over its first dimension, L lanes at
+a time: sums in eight float64 lanes (a float32 value and its square are exact in
+float64; one vector load, conversion and addition, and an FMA for the squares, per 8
+values), maxima in sixteen float32 lanes. A layer normalization's variance is E[x^2]
+- E[x]^2 in float64, whose cancellation leaves float32's precision intact for rows
+whose mean is up to about 10^4 standard deviations from zero (eager's Welford sums,
+float32, were further from a float64 reference on rows of mean 3e3 and deviation 1).
+
+The lanes of a row, and the last C mod L values of a ragged row, are then combined by
+an elementwise op over the rows that reads each of them as an input of its own: a
+reduction of [R, L] to [R] was a dispatch of a few workgroups, and DeiT-small at 8
+images ran 2-8% slower with it (one core waiting on the other 25 times a call) than
+without the rewrite; elementwise, it splits like any other op.
+
+Rewrites, for a static float32 x of rank 2 or more whose last dimension C is at least
+MIN_ROW, each reduction keeping that dimension:
+
+    %m = torch.aten.mean.dim %x, [-1], true, none          (a layer normalization's
+    %d = torch.aten.sub.Tensor %x, %m, 1                    moments: one call, two
+    %s = torch.aten.mul.Tensor %d, %d                       results for %m and %v;
+    %v = torch.aten.mean.dim %s, [-1], true, none           %s and %v go)
+    torch.aten.mean.dim %y, [-1], true, none               (any other mean)
+    torch.aten.sum.dim_IntList %y, [-1], true, none        (a sum)
+    torch.aten.amax %y, [-1], true                          (a maximum)
+
+into calls of private functions of builtin tensors (one per kind and shape). The
+compile runs this pass before IREE for modules compiled only for CPUs
+(`lower_for_iree`; `cpu=false` changes nothing).
+
+Never changes: reductions over other or several dimensions, without keepdim, with a
+dtype, of other element types or dynamic shapes, rows shorter than MIN_ROW, and
+every other op.
+
+Example:
+    %m = torch.aten.amax %x, %dims, %true : !torch.vtensor<[48,197,197],f32>, ... -> !torch.vtensor<[48,197,1],f32>
+becomes
+    %0 = "torch_c.to_builtin_tensor"(%x) : (...) -> tensor<48x197x197xf32>
+    %1 = func.call @tori_row_max_48x197x197_f32(%0) : (...) -> tensor<48x197x1xf32>
+    %m = "torch_c.from_builtin_tensor"(%1) ...
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from torch_mlir import ir
+
+from tori.passes.depthwise_nhwc import _constant, _is_none, _shape, call_in_place_of, ops_named, owner_named
+from tori.passes.registry import register_pass
+
+PASS_NAME = "tori-row-reductions"
+# The shortest row rewritten: shorter ones gain less than the second dispatch costs.
+MIN_ROW = 64
+# The reductions rewritten, by op, and the number of their operands.
+_KINDS = {"torch.aten.mean.dim": ("mean", 4), "torch.aten.sum.dim_IntList": ("sum", 4), "torch.aten.amax": ("max", 3)}
+_NEGATIVE_INFINITY = "0xFF800000"
+
+
+def _tensor(dims, element: str = "f32") -> str:
+    return f"tensor<{'x'.join(map(str, dims))}x{element}>"
+
+
+def _map(*results: str, dims: int) -> str:
+    names = [f"d{i}" for i in range(dims)]
+    return f"affine_map<({', '.join(names)}) -> ({', '.join(results)})>"
+
+
+@dataclass(frozen=True)
+class RowReduction:
+    """One reduction of rows: the input's shape and the kind, "moments" (a layer
+    normalization's mean and variance), "mean", "sum" or "max". The private function
+    depends only on them."""
+
+    shape: tuple[int, ...]
+    kind: str
+
+    @property
+    def lanes(self) -> int:
+        """Values reduced side by side: one AVX-512 vector of the accumulator's type."""
+        return 16 if self.kind == "max" else 8
+
+    @property
+    def accumulator(self) -> str:
+        return "f32" if self.kind == "max" else "f64"
+
+    @property
+    def results(self) -> int:
+        return 2 if self.kind == "moments" else 1
+
+    @property
+    def name(self) -> str:
+        return f"tori_row_{self.kind}_{'x'.join(map(str, self.shape))}_f32"
+
+    def function(self) -> str:
+        """The private function's MLIR text."""
+        *outer, c = self.shape
+        rows, lanes, acc, count = math.prod(outer), self.lanes, self.accumulator, self.results
+        main = c - c % lanes
+        kept, flat, row = _tensor([*outer, 1]), _tensor([rows, c]), _tensor([rows])
+        lane_type, split = _tensor([rows, lanes], acc), _tensor([rows, main // lanes, lanes])
+
+        def each(text: str, times: int = count) -> str:  # a text repeated, comma-separated
+            return ", ".join([text] * times)
+
+        start = f"{_NEGATIVE_INFINITY} : f32" if self.kind == "max" else "0.0 : f64"
+        lines = [
+            f"func.func private @{self.name}(%x: {_tensor(self.shape)}) -> ({each(kept)}) {{",
+            f"  %start = arith.constant {start}",
+            "  %zero = arith.constant 0.0 : f64",
+            f"  %count = arith.constant {float(c)!r} : f64",
+        ]
+        rows_value = "%x"
+        if len(self.shape) > 2:
+            groups = ", ".join(map(str, range(len(outer))))
+            lines.append(f"  %x2 = tensor.collapse_shape %x [[{groups}], [{len(outer)}]] : {_tensor(self.shape)} into {flat}")
+            rows_value = "%x2"
+        lanes_input = rows_value
+        if main != c:
+            lines.append(f"  %xm = tensor.extract_slice {rows_value}[0, 0] [{rows}, {main}] [1, 1] "
+                         f": {flat} to {_tensor([rows, main])}")
+            lanes_input = "%xm"
+        if self.kind == "max":
+            step = ["    %n1 = arith.maximumf %s1, %v : f32"]
+        else:
+            step = ["    %w = arith.extf %v : f32 to f64", "    %n1 = arith.addf %s1, %w : f64"]
+            if self.kind == "moments":
+                step += ["    %q = arith.mulf %w, %w : f64", "    %n2 = arith.addf %s2, %q : f64"]
+        lines += [
+            f"  %x3 = tensor.expand_shape {lanes_input} [[0], [1, 2]] output_shape [{rows}, {main // lanes}, {lanes}] "
+            f": {_tensor([rows, main])} into {split}",
+            f"  %l0 = tensor.empty() : {lane_type}",
+            f"  %l = linalg.fill ins(%start : {acc}) outs(%l0 : {lane_type}) -> {lane_type}",
+            f"  %s:{count} = linalg.generic {{indexing_maps = [{_map('d0', 'd1', 'd2', dims=3)}, "
+            f"{each(_map('d0', 'd2', dims=3))}], iterator_types = [\"parallel\", \"reduction\", \"parallel\"]}} "
+            f"ins(%x3 : {split}) outs({each('%l')} : {each(lane_type)}) {{",
+            f"  ^bb0(%v: f32, {', '.join(f'%s{k + 1}: {acc}' for k in range(count))}):",
+            *step,
+            f"    linalg.yield {', '.join(f'%n{k + 1}' for k in range(count))} : {each(acc)}",
+            f"  }} -> ({each(lane_type)})",
+        ]
+        lines += self._combine(rows_value, rows, main, c)
+        every = ", ".join(map(str, range(len(outer) + 1)))
+        out_shape = ", ".join(map(str, [*outer, 1]))
+        lines += [
+            *[f"  %r{k} = tensor.expand_shape %m#{k} [[{every}]] output_shape [{out_shape}] : {row} into {kept}"
+              for k in range(count)],
+            f"  return {', '.join(f'%r{k}' for k in range(count))} : {each(kept)}",
+            "}",
+        ]
+        return "\n".join(lines)
+
+    def _combine(self, rows_value: str, rows: int, main: int, c: int) -> list[str]:
+        """The elementwise op over the rows that reduces each row's lanes and the
+        values past the last whole vector, each read as an input of its own, and
+        finishes the reduction."""
+        lanes, acc, count = self.lanes, self.accumulator, self.results
+        row, lane_type, flat = _tensor([rows]), _tensor([rows, lanes], acc), _tensor([rows, c])
+        inputs = [(f"%s#{k}", lane_type, _map("d0", str(lane), dims=1), f"%a{k}_{lane}: {acc}")
+                  for k in range(count) for lane in range(lanes)]
+        inputs += [(rows_value, flat, _map("d0", str(column), dims=1), f"%t{column}: f32") for column in range(main, c)]
+        lines = [
+            f"  %e = tensor.empty() : {row}",
+            f"  %m:{count} = linalg.generic {{indexing_maps = [{', '.join(i[2] for i in inputs)}, "
+            f"{', '.join([_map('d0', dims=1)] * count)}], iterator_types = [\"parallel\"]}} "
+            f"ins({', '.join(i[0] for i in inputs)} : {', '.join(i[1] for i in inputs)}) "
+            f"outs({', '.join(['%e'] * count)} : {', '.join([row] * count)}) {{",
+            f"  ^bb0({', '.join(i[3] for i in inputs)}, {', '.join(f'%o{k}: f32' for k in range(count))}):",
+        ]
+        fold = "arith.maximumf" if self.kind == "max" else "arith.addf"
+        names = iter(range(10**6))
+        totals = []
+        for k in range(count):  # the lanes folded pairwise
+            level = [f"%a{k}_{lane}" for lane in range(lanes)]
+            while len(level) > 1:
+                pairs = [(level[2 * i], level[2 * i + 1]) for i in range(len(level) // 2)]
+                level = [f"%f{next(names)}" for _ in pairs]
+                lines += [f"    {name} = {fold} {a}, {b} : {acc}" for name, (a, b) in zip(level, pairs)]
+            totals.append(level[0])
+        for column in range(main, c):  # the values past the last whole vector
+            value = f"%t{column}"
+            if self.kind != "max":
+                value = f"%f{next(names)}"
+                lines.append(f"    {value} = arith.extf %t{column} : f32 to f64")
+            total = f"%f{next(names)}"
+            lines.append(f"    {total} = {fold} {totals[0]}, {value} : {acc}")
+            totals[0] = total
+            if self.kind == "moments":
+                square, total = f"%f{next(names)}", f"%f{next(names)}"
+                lines += [f"    {square} = arith.mulf {value}, {value} : f64",
+                          f"    {total} = arith.addf {totals[1]}, {square} : f64"]
+                totals[1] = total
+        if self.kind == "max":
+            lines.append(f"    linalg.yield {totals[0]} : f32")
+        elif self.kind == "sum":
+            lines += [f"    %sum32 = arith.truncf {totals[0]} : f64 to f32", "    linalg.yield %sum32 : f32"]
+        else:
+            lines += [f"    %mean = arith.divf {totals[0]}, %count : f64", "    %m32 = arith.truncf %mean : f64 to f32"]
+            if self.kind == "mean":
+                lines.append("    linalg.yield %m32 : f32")
+            else:
+                lines += [
+                    f"    %squares = arith.divf {totals[1]}, %count : f64",
+                    "    %mm = arith.mulf %mean, %mean : f64",
+                    "    %var = arith.subf %squares, %mm : f64",
+                    "    %var0 = arith.maximumf %var, %zero : f64",
+                    "    %v32 = arith.truncf %var0 : f64 to f32",
+                    "    linalg.yield %m32, %v32 : f32, f32",
+                ]
+        lines.append(f"  }} -> ({', '.join([row] * count)})")
+        return lines
+
+
+def row_reduction_kind(op: ir.Operation) -> str | None:
+    """The kind of reduction `op` is, where this pass rewrites it: over the last
+    dimension alone of a static float32 tensor of rank 2 or more, at least MIN_ROW
+    long, keeping the dimension, in the input's dtype; else None."""
+    kind, operands = _KINDS.get(op.name, (None, 0))
+    if kind is None or len(op.operands) != operands:
+        return None
+    shape = _shape(op.operands[0])
+    if shape is None or len(shape) < 2 or 0 in shape or shape[-1] < MIN_ROW:
+        return None
+    dims = owner_named(op.operands[1], "torch.prim.ListConstruct")
+    if dims is None or len(dims.operands) != 1 or _constant(dims.operands[0], "int") not in (-1, len(shape) - 1):
+        return None
+    if _constant(op.operands[2], "bool") is not True or (operands == 4 and not _is_none(op.operands[3])):
+        return None
+    return kind
+
+
+def _single_user(value: ir.Value, name: str) -> ir.Operation | None:
+    users = [getattr(use.owner, "operation", use.owner) for use in value.uses]
+    return users[0] if len(users) == 1 and users[0].name == name else None
+
+
+def moments_form(mean: ir.Operation) -> tuple[ir.Operation, ir.Operation] | None:
+    """For the first mean of a layer normalization's pattern: the mean of the squared
+    differences and the squaring; else None."""
+    if row_reduction_kind(mean) != "mean":
+        return None
+    x = mean.operands[0]
+    for use in mean.results[0].uses:
+        sub = getattr(use.owner, "operation", use.owner)
+        if (sub.name != "torch.aten.sub.Tensor" or sub.operands[0] != x or sub.operands[1] != mean.results[0]
+                or _constant(sub.operands[2], "int") != 1):
+            continue
+        for sub_use in sub.results[0].uses:
+            square = getattr(sub_use.owner, "operation", sub_use.owner)
+            if square.name != "torch.aten.mul.Tensor" or list(square.operands) != [sub.results[0]] * 2:
+                continue
+            second = _single_user(square.results[0], "torch.aten.mean.dim")
+            if second is not None and row_reduction_kind(second) == "mean":
+                return second, square
+    return None
+
+
+@register_pass(PASS_NAME)
+def row_reductions(op: ir.Operation, pass_: object, *, cpu: bool = True) -> None:
+    """Rewrite each layer normalization's two row means into one call of its moments,
+    and every other row reduction into a call of its lane form."""
+    if not cpu:
+        return
+    found = [(reduction, kind) for name in _KINDS for reduction in ops_named(op, name)
+             if (kind := row_reduction_kind(reduction)) is not None]
+    moments = [(mean, match) for mean, kind in found if kind == "mean" and (match := moments_form(mean))]
+    seconds = [second for _, (second, _) in moments]
+    moments = [(mean, match) for mean, match in moments if not any(mean == second for second in seconds)]
+    taken = seconds + [mean for mean, _ in moments]
+    alone = [(reduction, kind) for reduction, kind in found if not any(reduction == t for t in taken)]
+    for mean, (second, square) in moments:
+        form = RowReduction(tuple(_shape(mean.operands[0])), "moments")
+        call_in_place_of(op, mean, form.name, form.function(), [mean.operands[0]], [ir.F32Type.get()],
+                         [mean.results[0], second.results[0]])
+        second.erase()
+        square.erase()
+        mean.erase()
+    for reduction, kind in alone:
+        form = RowReduction(tuple(_shape(reduction.operands[0])), kind)
+        call_in_place_of(op, reduction, form.name, form.function(), [reduction.operands[0]], [ir.F32Type.get()],
+                         [reduction.results[0]])
+        reduction.erase()
