@@ -8,8 +8,7 @@ vector (IREE keeps floating-point reductions in order at its default optimizatio
 level), or a tree of shuffles per vector for a maximum. PyTorch's decomposition of
 `layer_norm` adds a second such reduction that reads what the first wrote (the
 differences from the mean, then the mean of their squares): DeiT-small at 8 images
-spent 10.3 ms a call in those two dispatches and 5.5 in its attention's row maxima
-(`tori profile`, docs/performance.md).
+spent 10.3 ms a call in those two dispatches (`tori profile`, docs/performance.md).
 
 Here each row is viewed as [C/L, L] and reduced over its first dimension, L lanes at
 a time: sums in eight float64 lanes (a float32 value and its square are exact in
@@ -19,14 +18,14 @@ values), maxima in sixteen float32 lanes. A layer normalization's variance is E[
 whose mean is up to about 10^4 standard deviations from zero (eager's Welford sums,
 float32, were further from a float64 reference on rows of mean 3e3 and deviation 1).
 
-The lanes of a row, and the last C mod L values of a ragged row, are then combined by
-an elementwise op over the rows that reads each of them as an input of its own: a
+The lanes of a row are then combined by an elementwise op over the rows that reads
+each lane as an input of its own: a
 reduction of [R, L] to [R] was a dispatch of a few workgroups, and DeiT-small at 8
 images ran 2-8% slower with it (one core waiting on the other 25 times a call) than
 without the rewrite; elementwise, it splits like any other op.
 
 Rewrites, for a static float32 x of rank 2 or more whose last dimension C is at least
-MIN_ROW, each reduction keeping that dimension:
+MIN_ROW and a multiple of L, each reduction keeping that dimension:
 
     %m = torch.aten.mean.dim %x, [-1], true, none          (a layer normalization's
     %d = torch.aten.sub.Tensor %x, %m, 1                    moments: one call, two
@@ -41,19 +40,20 @@ compile runs this pass before IREE for modules compiled only for CPUs
 (`lower_for_iree`; `cpu=false` changes nothing).
 
 Never changes: reductions over other or several dimensions, without keepdim, with a
-dtype, of other element types or dynamic shapes, rows shorter than MIN_ROW, and
-every other op.
+dtype, of other element types or dynamic shapes, rows shorter than MIN_ROW or not
+whole vectors (DeiT's 197 keys: `_LANES`), and every other op.
 
 Example:
-    %m = torch.aten.amax %x, %dims, %true : !torch.vtensor<[48,197,197],f32>, ... -> !torch.vtensor<[48,197,1],f32>
+    %m = torch.aten.amax %x, %dims, %true : !torch.vtensor<[96,128,128],f32>, ... -> !torch.vtensor<[96,128,1],f32>
 becomes
-    %0 = "torch_c.to_builtin_tensor"(%x) : (...) -> tensor<48x197x197xf32>
-    %1 = func.call @tori_row_max_48x197x197_f32(%0) : (...) -> tensor<48x197x1xf32>
+    %0 = "torch_c.to_builtin_tensor"(%x) : (...) -> tensor<96x128x128xf32>
+    %1 = func.call @tori_row_max_96x128x128_f32(%0) : (...) -> tensor<96x128x1xf32>
     %m = "torch_c.from_builtin_tensor"(%1) ...
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -68,6 +68,11 @@ MIN_ROW = 64
 # The reductions rewritten, by op, and the number of their operands.
 _KINDS = {"torch.aten.mean.dim": ("mean", 4), "torch.aten.sum.dim_IntList": ("sum", 4), "torch.aten.amax": ("max", 3)}
 _NEGATIVE_INFINITY = "0xFF800000"
+# Values reduced side by side, one AVX-512 vector of the accumulator (float64 for sums,
+# float32 for maxima). A row must be whole vectors: the vectors of a longer row are a
+# slice that IREE copies before it reshapes it (DeiT-small's attention maxima over 197
+# keys, 8 images: the copy 9.75 ms a call, the maxima 5.5 ms before).
+_LANES = {"moments": 8, "mean": 8, "sum": 8, "max": 16}
 
 
 def _tensor(dims, element: str = "f32") -> str:
@@ -90,8 +95,7 @@ class RowReduction:
 
     @property
     def lanes(self) -> int:
-        """Values reduced side by side: one AVX-512 vector of the accumulator's type."""
-        return 16 if self.kind == "max" else 8
+        return _LANES[self.kind]
 
     @property
     def accumulator(self) -> str:
@@ -109,9 +113,8 @@ class RowReduction:
         """The private function's MLIR text."""
         *outer, c = self.shape
         rows, lanes, acc, count = math.prod(outer), self.lanes, self.accumulator, self.results
-        main = c - c % lanes
         kept, flat, row = _tensor([*outer, 1]), _tensor([rows, c]), _tensor([rows])
-        lane_type, split = _tensor([rows, lanes], acc), _tensor([rows, main // lanes, lanes])
+        lane_type, split = _tensor([rows, lanes], acc), _tensor([rows, c // lanes, lanes])
 
         def each(text: str, times: int = count) -> str:  # a text repeated, comma-separated
             return ", ".join([text] * times)
@@ -128,11 +131,6 @@ class RowReduction:
             groups = ", ".join(map(str, range(len(outer))))
             lines.append(f"  %x2 = tensor.collapse_shape %x [[{groups}], [{len(outer)}]] : {_tensor(self.shape)} into {flat}")
             rows_value = "%x2"
-        lanes_input = rows_value
-        if main != c:
-            lines.append(f"  %xm = tensor.extract_slice {rows_value}[0, 0] [{rows}, {main}] [1, 1] "
-                         f": {flat} to {_tensor([rows, main])}")
-            lanes_input = "%xm"
         if self.kind == "max":
             step = ["    %n1 = arith.maximumf %s1, %v : f32"]
         else:
@@ -140,8 +138,8 @@ class RowReduction:
             if self.kind == "moments":
                 step += ["    %q = arith.mulf %w, %w : f64", "    %n2 = arith.addf %s2, %q : f64"]
         lines += [
-            f"  %x3 = tensor.expand_shape {lanes_input} [[0], [1, 2]] output_shape [{rows}, {main // lanes}, {lanes}] "
-            f": {_tensor([rows, main])} into {split}",
+            f"  %x3 = tensor.expand_shape {rows_value} [[0], [1, 2]] output_shape [{rows}, {c // lanes}, {lanes}] "
+            f": {flat} into {split}",
             f"  %l0 = tensor.empty() : {lane_type}",
             f"  %l = linalg.fill ins(%start : {acc}) outs(%l0 : {lane_type}) -> {lane_type}",
             f"  %s:{count} = linalg.generic {{indexing_maps = [{_map('d0', 'd1', 'd2', dims=3)}, "
@@ -152,7 +150,7 @@ class RowReduction:
             f"    linalg.yield {', '.join(f'%n{k + 1}' for k in range(count))} : {each(acc)}",
             f"  }} -> ({each(lane_type)})",
         ]
-        lines += self._combine(rows_value, rows, main, c)
+        lines += self._combine(rows)
         every = ", ".join(map(str, range(len(outer) + 1)))
         out_shape = ", ".join(map(str, [*outer, 1]))
         lines += [
@@ -163,15 +161,13 @@ class RowReduction:
         ]
         return "\n".join(lines)
 
-    def _combine(self, rows_value: str, rows: int, main: int, c: int) -> list[str]:
-        """The elementwise op over the rows that reduces each row's lanes and the
-        values past the last whole vector, each read as an input of its own, and
-        finishes the reduction."""
+    def _combine(self, rows: int) -> list[str]:
+        """The elementwise op over the rows that reduces each row's lanes, each read as
+        an input of its own, and finishes the reduction."""
         lanes, acc, count = self.lanes, self.accumulator, self.results
-        row, lane_type, flat = _tensor([rows]), _tensor([rows, lanes], acc), _tensor([rows, c])
+        row, lane_type = _tensor([rows]), _tensor([rows, lanes], acc)
         inputs = [(f"%s#{k}", lane_type, _map("d0", str(lane), dims=1), f"%a{k}_{lane}: {acc}")
                   for k in range(count) for lane in range(lanes)]
-        inputs += [(rows_value, flat, _map("d0", str(column), dims=1), f"%t{column}: f32") for column in range(main, c)]
         lines = [
             f"  %e = tensor.empty() : {row}",
             f"  %m:{count} = linalg.generic {{indexing_maps = [{', '.join(i[2] for i in inputs)}, "
@@ -181,7 +177,7 @@ class RowReduction:
             f"  ^bb0({', '.join(i[3] for i in inputs)}, {', '.join(f'%o{k}: f32' for k in range(count))}):",
         ]
         fold = "arith.maximumf" if self.kind == "max" else "arith.addf"
-        names = iter(range(10**6))
+        names = itertools.count()
         totals = []
         for k in range(count):  # the lanes folded pairwise
             level = [f"%a{k}_{lane}" for lane in range(lanes)]
@@ -190,19 +186,6 @@ class RowReduction:
                 level = [f"%f{next(names)}" for _ in pairs]
                 lines += [f"    {name} = {fold} {a}, {b} : {acc}" for name, (a, b) in zip(level, pairs)]
             totals.append(level[0])
-        for column in range(main, c):  # the values past the last whole vector
-            value = f"%t{column}"
-            if self.kind != "max":
-                value = f"%f{next(names)}"
-                lines.append(f"    {value} = arith.extf %t{column} : f32 to f64")
-            total = f"%f{next(names)}"
-            lines.append(f"    {total} = {fold} {totals[0]}, {value} : {acc}")
-            totals[0] = total
-            if self.kind == "moments":
-                square, total = f"%f{next(names)}", f"%f{next(names)}"
-                lines += [f"    {square} = arith.mulf {value}, {value} : f64",
-                          f"    {total} = arith.addf {totals[1]}, {square} : f64"]
-                totals[1] = total
         if self.kind == "max":
             lines.append(f"    linalg.yield {totals[0]} : f32")
         elif self.kind == "sum":
@@ -232,7 +215,7 @@ def row_reduction_kind(op: ir.Operation) -> str | None:
     if kind is None or len(op.operands) != operands:
         return None
     shape = _shape(op.operands[0])
-    if shape is None or len(shape) < 2 or 0 in shape or shape[-1] < MIN_ROW:
+    if shape is None or len(shape) < 2 or 0 in shape or shape[-1] < MIN_ROW or shape[-1] % _LANES[kind]:
         return None
     dims = owner_named(op.operands[1], "torch.prim.ListConstruct")
     if dims is None or len(dims.operands) != 1 or _constant(dims.operands[0], "int") not in (-1, len(shape) - 1):
