@@ -199,6 +199,11 @@ def depthwise_form(op: ir.Operation) -> Depthwise | None:
     return Depthwise(tuple(shape), tuple(kernel[2:]), *pairs, tuple(out), bias=not _is_none(bias))
 
 
+def builtin_tensor(*dims: int, element: str = "f32") -> str:
+    """The MLIR text of a static builtin tensor type: `tensor<2x3xf32>`."""
+    return f"tensor<{'x'.join(map(str, dims))}x{element}>"
+
+
 def ops_named(op: ir.Operation, name: str) -> list[ir.Operation]:
     """The ops of that name nested in `op`, in order."""
     found = []

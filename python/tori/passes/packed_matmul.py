@@ -62,7 +62,7 @@ from dataclasses import dataclass
 
 from torch_mlir import ir
 
-from tori.passes.depthwise_nhwc import _int_pair, _shape, call_private_function, ops_named, owner_named
+from tori.passes.depthwise_nhwc import _int_pair, _shape, builtin_tensor, call_private_function, ops_named, owner_named
 from tori.passes.registry import register_pass
 from tori.targets.kernel_configs import cpu_compilation_info
 
@@ -141,10 +141,6 @@ SHALLOW_ROWS = 512
 SHALLOW_VECTOR_ROWS = 4
 
 
-def _tensor(*dims: int) -> str:
-    return f"tensor<{'x'.join(map(str, dims))}xf32>"
-
-
 def _located(ops: list[str], location: str) -> str:
     """A function's lines, its ops carrying `location` (the matmul's, printed), so that
     IREE's dispatches name the torch op they compute."""
@@ -190,28 +186,28 @@ class PackedMatmul:
         printed), so that IREE's dispatches name the torch op they compute."""
         m, k, n, rows, cols = self.m, self.k, self.n, self.rows, self.cols
         m1, n1 = -(-m // rows), -(-n // cols)
-        right = _tensor(n, k) if self.weight_nk else _tensor(k, n)
+        right = builtin_tensor(n, k) if self.weight_nk else builtin_tensor(k, n)
         # [N, K] row blocks as they lie; [K, N] column blocks, transposed as packed
         right_dims = "inner_dims_pos = [0, 1]" if self.weight_nk else \
             "outer_dims_perm = [1, 0] inner_dims_pos = [1, 0]"
-        packed_left, packed_right, packed_out = _tensor(m1, k, rows, 1), _tensor(n1, k, cols, 1), \
-            _tensor(m1, n1, rows, cols)
+        packed_left, packed_right, packed_out = builtin_tensor(m1, k, rows, 1), builtin_tensor(n1, k, cols, 1), \
+            builtin_tensor(m1, n1, rows, cols)
         ops = [
-            f"func.func private @{self.name}(%x: {_tensor(m, k)}, %w: {right}) -> {_tensor(m, n)} {{",
+            f"func.func private @{self.name}(%x: {builtin_tensor(m, k)}, %w: {right}) -> {builtin_tensor(m, n)} {{",
             "  %zero = arith.constant 0.0 : f32",
             f"  %a0 = tensor.empty() : {packed_left}",
             f"  %a = linalg.pack %x padding_value(%zero : f32) inner_dims_pos = [0, 1] inner_tiles = [{rows}, 1] "
-            f"into %a0 : {_tensor(m, k)} -> {packed_left}",
+            f"into %a0 : {builtin_tensor(m, k)} -> {packed_left}",
             f"  %b0 = tensor.empty() : {packed_right}",
             f"  %b = linalg.pack %w padding_value(%zero : f32) {right_dims} inner_tiles = [{cols}, 1] "
             f"into %b0 : {right} -> {packed_right}",
             f"  %c0 = tensor.empty() : {packed_out}",
             f"  %c1 = linalg.fill ins(%zero : f32) outs(%c0 : {packed_out}) -> {packed_out}",
             f"  %c = linalg.mmt4d {{compilation_info = {self._compilation_info()}}} ins(%a, %b : {packed_left}, {packed_right}) outs(%c1 : {packed_out}) -> {packed_out}",
-            f"  %y0 = tensor.empty() : {_tensor(m, n)}",
+            f"  %y0 = tensor.empty() : {builtin_tensor(m, n)}",
             f"  %y = linalg.unpack %c inner_dims_pos = [0, 1] inner_tiles = [{rows}, {cols}] into %y0 "
-            f": {packed_out} -> {_tensor(m, n)}",
-            f"  return %y : {_tensor(m, n)}",
+            f": {packed_out} -> {builtin_tensor(m, n)}",
+            f"  return %y : {builtin_tensor(m, n)}",
             "}",
         ]
         return _located(ops, location)
@@ -234,13 +230,13 @@ class ShallowMatmul:
         m, k, n = self.m, self.k, self.n
         info = cpu_compilation_info((SHALLOW_ROWS, n, 0), (SHALLOW_VECTOR_ROWS, n, 0), (0, 0, 1))
         ops = [
-            f"func.func private @{self.name}(%x: {_tensor(m, k)}, %w: {_tensor(k, n)}) -> {_tensor(m, n)} {{",
+            f"func.func private @{self.name}(%x: {builtin_tensor(m, k)}, %w: {builtin_tensor(k, n)}) -> {builtin_tensor(m, n)} {{",
             "  %zero = arith.constant 0.0 : f32",
-            f"  %c0 = tensor.empty() : {_tensor(m, n)}",
-            f"  %c1 = linalg.fill ins(%zero : f32) outs(%c0 : {_tensor(m, n)}) -> {_tensor(m, n)}",
-            f"  %c = linalg.matmul {{compilation_info = {info}}} ins(%x, %w : {_tensor(m, k)}, {_tensor(k, n)}) "
-            f"outs(%c1 : {_tensor(m, n)}) -> {_tensor(m, n)}",
-            f"  return %c : {_tensor(m, n)}",
+            f"  %c0 = tensor.empty() : {builtin_tensor(m, n)}",
+            f"  %c1 = linalg.fill ins(%zero : f32) outs(%c0 : {builtin_tensor(m, n)}) -> {builtin_tensor(m, n)}",
+            f"  %c = linalg.matmul {{compilation_info = {info}}} ins(%x, %w : {builtin_tensor(m, k)}, {builtin_tensor(k, n)}) "
+            f"outs(%c1 : {builtin_tensor(m, n)}) -> {builtin_tensor(m, n)}",
+            f"  return %c : {builtin_tensor(m, n)}",
             "}",
         ]
         return _located(ops, location)

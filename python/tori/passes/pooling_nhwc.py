@@ -45,17 +45,13 @@ from dataclasses import dataclass
 
 from torch_mlir import ir
 
-from tori.passes.depthwise_nhwc import WindowForm, _int_pair, _shape, call_private_function, ops_named
+from tori.passes.depthwise_nhwc import WindowForm, _int_pair, _shape, builtin_tensor, call_private_function, ops_named
 from tori.passes.registry import register_pass
 
 PASS_NAME = "tori-pooling-nhwc"
 POOLING_OPS = ("torch.aten.max_pool2d_with_indices", "torch.aten.max_pool2d")
 # float32's -inf, which no window's maximum can be below: the value of padding.
 _NEGATIVE_INFINITY = "0xFF800000"
-
-
-def _tensor(*dims: int) -> str:
-    return f"tensor<{'x'.join(map(str, dims))}xf32>"
 
 
 @dataclass(frozen=True)
@@ -82,17 +78,17 @@ class MaxPool(WindowForm):
         (ph, pw), (sh, sw), (dh, dw) = self.padding, self.stride, self.dilation
         high = (self.high_padding(0), self.high_padding(1))
         lines = [
-            f"func.func private @{self.name}(%x: {_tensor(n, c, h, w)}) -> {_tensor(n, c, oh, ow)} {{",
+            f"func.func private @{self.name}(%x: {builtin_tensor(n, c, h, w)}) -> {builtin_tensor(n, c, oh, ow)} {{",
             f"  %lowest = arith.constant {_NEGATIVE_INFINITY} : f32",
-            f"  %xt0 = tensor.empty() : {_tensor(n, h, w, c)}",
-            f"  %xt = linalg.transpose ins(%x : {_tensor(n, c, h, w)}) outs(%xt0 : {_tensor(n, h, w, c)}) "
+            f"  %xt0 = tensor.empty() : {builtin_tensor(n, h, w, c)}",
+            f"  %xt = linalg.transpose ins(%x : {builtin_tensor(n, c, h, w)}) outs(%xt0 : {builtin_tensor(n, h, w, c)}) "
             "permutation = [0, 2, 3, 1]",
         ]
         source, shape = "%xt", (n, h, w, c)
         if high[0] < 0 or high[1] < 0:  # the last rows or columns are in no window
             shape = (n, min(h, h + high[0]), min(w, w + high[1]), c)
             lines.append(f"  %xs = tensor.extract_slice %xt[0, 0, 0, 0] [{', '.join(map(str, shape))}] [1, 1, 1, 1] "
-                         f": {_tensor(n, h, w, c)} to {_tensor(*shape)}")
+                         f": {builtin_tensor(n, h, w, c)} to {builtin_tensor(*shape)}")
             source, high = "%xs", (max(high[0], 0), max(high[1], 0))
         if ph or pw or any(high):
             padded = (n, self.extent(0), self.extent(1), c)
@@ -100,21 +96,21 @@ class MaxPool(WindowForm):
                 f"  %xp = tensor.pad {source} low[0, {ph}, {pw}, 0] high[0, {high[0]}, {high[1]}, 0] {{",
                 "  ^bb0(%i0: index, %i1: index, %i2: index, %i3: index):",
                 "    tensor.yield %lowest : f32",
-                f"  }} : {_tensor(*shape)} to {_tensor(*padded)}",
+                f"  }} : {builtin_tensor(*shape)} to {builtin_tensor(*padded)}",
             ]
             source, shape = "%xp", padded
         lines += [
-            f"  %window = tensor.empty() : {_tensor(*self.kernel)}",
-            f"  %o0 = tensor.empty() : {_tensor(n, oh, ow, c)}",
-            f"  %of = linalg.fill ins(%lowest : f32) outs(%o0 : {_tensor(n, oh, ow, c)}) -> {_tensor(n, oh, ow, c)}",
+            f"  %window = tensor.empty() : {builtin_tensor(*self.kernel)}",
+            f"  %o0 = tensor.empty() : {builtin_tensor(n, oh, ow, c)}",
+            f"  %of = linalg.fill ins(%lowest : f32) outs(%o0 : {builtin_tensor(n, oh, ow, c)}) -> {builtin_tensor(n, oh, ow, c)}",
             f"  %o = linalg.pooling_nhwc_max {{dilations = dense<[{dh}, {dw}]> : vector<2xi64>, "
-            f"strides = dense<[{sh}, {sw}]> : vector<2xi64>}} ins({source}, %window : {_tensor(*shape)}, "
-            f"{_tensor(*self.kernel)}) outs(%of : {_tensor(n, oh, ow, c)}) -> {_tensor(n, oh, ow, c)}",
-            f"  %ob = \"util.optimization_barrier\"(%o) : ({_tensor(n, oh, ow, c)}) -> {_tensor(n, oh, ow, c)}",
-            f"  %r0 = tensor.empty() : {_tensor(n, c, oh, ow)}",
-            f"  %r = linalg.transpose ins(%ob : {_tensor(n, oh, ow, c)}) outs(%r0 : {_tensor(n, c, oh, ow)}) "
+            f"strides = dense<[{sh}, {sw}]> : vector<2xi64>}} ins({source}, %window : {builtin_tensor(*shape)}, "
+            f"{builtin_tensor(*self.kernel)}) outs(%of : {builtin_tensor(n, oh, ow, c)}) -> {builtin_tensor(n, oh, ow, c)}",
+            f"  %ob = \"util.optimization_barrier\"(%o) : ({builtin_tensor(n, oh, ow, c)}) -> {builtin_tensor(n, oh, ow, c)}",
+            f"  %r0 = tensor.empty() : {builtin_tensor(n, c, oh, ow)}",
+            f"  %r = linalg.transpose ins(%ob : {builtin_tensor(n, oh, ow, c)}) outs(%r0 : {builtin_tensor(n, c, oh, ow)}) "
             "permutation = [0, 3, 1, 2]",
-            f"  return %r : {_tensor(n, c, oh, ow)}",
+            f"  return %r : {builtin_tensor(n, c, oh, ow)}",
             "}",
         ]
         return "\n".join(lines)

@@ -59,7 +59,8 @@ from dataclasses import dataclass
 
 from torch_mlir import ir
 
-from tori.passes.depthwise_nhwc import _constant, _is_none, _shape, call_in_place_of, ops_named, owner_named
+from tori.passes.depthwise_nhwc import (_constant, _is_none, _shape, builtin_tensor, call_in_place_of, ops_named,
+                                       owner_named)
 from tori.passes.registry import register_pass
 
 PASS_NAME = "tori-row-reductions"
@@ -73,10 +74,6 @@ _NEGATIVE_INFINITY = "0xFF800000"
 # slice that IREE copies before it reshapes it (DeiT-small's attention maxima over 197
 # keys, 8 images: the copy 9.75 ms a call, the maxima 5.5 ms before).
 _LANES = {"moments": 8, "mean": 8, "sum": 8, "max": 16}
-
-
-def _tensor(dims, element: str = "f32") -> str:
-    return f"tensor<{'x'.join(map(str, dims))}x{element}>"
 
 
 def _map(*results: str, dims: int) -> str:
@@ -113,23 +110,24 @@ class RowReduction:
         """The private function's MLIR text."""
         *outer, c = self.shape
         rows, lanes, acc, count = math.prod(outer), self.lanes, self.accumulator, self.results
-        kept, flat, row = _tensor([*outer, 1]), _tensor([rows, c]), _tensor([rows])
-        lane_type, split = _tensor([rows, lanes], acc), _tensor([rows, c // lanes, lanes])
+        kept, flat, row = builtin_tensor(*outer, 1), builtin_tensor(rows, c), builtin_tensor(rows)
+        lane_type, split = builtin_tensor(rows, lanes, element=acc), builtin_tensor(rows, c // lanes, lanes)
 
         def each(text: str, times: int = count) -> str:  # a text repeated, comma-separated
             return ", ".join([text] * times)
 
         start = f"{_NEGATIVE_INFINITY} : f32" if self.kind == "max" else "0.0 : f64"
         lines = [
-            f"func.func private @{self.name}(%x: {_tensor(self.shape)}) -> ({each(kept)}) {{",
+            f"func.func private @{self.name}(%x: {builtin_tensor(*self.shape)}) -> ({each(kept)}) {{",
             f"  %start = arith.constant {start}",
-            "  %zero = arith.constant 0.0 : f64",
-            f"  %count = arith.constant {float(c)!r} : f64",
         ]
+        if self.kind in ("mean", "moments"):
+            lines += ["  %zero = arith.constant 0.0 : f64", f"  %count = arith.constant {float(c)!r} : f64"]
         rows_value = "%x"
         if len(self.shape) > 2:
             groups = ", ".join(map(str, range(len(outer))))
-            lines.append(f"  %x2 = tensor.collapse_shape %x [[{groups}], [{len(outer)}]] : {_tensor(self.shape)} into {flat}")
+            lines.append(f"  %x2 = tensor.collapse_shape %x [[{groups}], [{len(outer)}]] "
+                         f": {builtin_tensor(*self.shape)} into {flat}")
             rows_value = "%x2"
         if self.kind == "max":
             step = ["    %n1 = arith.maximumf %s1, %v : f32"]
@@ -165,7 +163,7 @@ class RowReduction:
         """The elementwise op over the rows that reduces each row's lanes, each read as
         an input of its own, and finishes the reduction."""
         lanes, acc, count = self.lanes, self.accumulator, self.results
-        row, lane_type = _tensor([rows]), _tensor([rows, lanes], acc)
+        row, lane_type = builtin_tensor(rows), builtin_tensor(rows, lanes, element=acc)
         inputs = [(f"%s#{k}", lane_type, _map("d0", str(lane), dims=1), f"%a{k}_{lane}: {acc}")
                   for k in range(count) for lane in range(lanes)]
         lines = [
