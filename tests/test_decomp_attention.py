@@ -35,6 +35,17 @@ def _float_mask(*shape, masked_row=None):
     return mask
 
 
+def _assert_gradients_match_eager(loss, *inputs):
+    compiled = torch.compile(loss, backend="tori", options={"fallback": "error", "cache": False})
+    compiled(*inputs).backward()
+    grads = [t.grad for t in inputs]
+    for t in inputs:
+        t.grad = None
+    loss(*inputs).backward()
+    for got, expected in zip(grads, (t.grad for t in inputs)):
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+
+
 CASES = {
     # name: (fn of q, k, v[, mask], the extra inputs' factory, query heads, key/value heads, keys)
     "plain": (lambda q, k, v: F.scaled_dot_product_attention(q, k, v), None, 4, 4, 6),
@@ -74,16 +85,71 @@ def test_attention_matches_eager_without_a_softmax_op(case):
     assert "_softmax" not in code and "aten.all" not in code
 
 
+def _lanes() -> int:
+    from tori.config import Options
+    from tori.targets.codegen import packed_attention_lanes
+
+    return packed_attention_lanes(Options())
+
+
 def test_exponentials_are_packed_where_they_are_computed():
-    # Their row sums come out of the second matmul (a column of ones appended to v), so
-    # the exponentials' one use is that matmul: IREE packs them in the dispatch that
-    # computes them, with no packing dispatch of its own for the 12x197x197 weights.
+    # Where tori packs attention (AVX-512), the exponentials are written packed by
+    # tori-packed-attention's function. Elsewhere their row sums come out of the second
+    # matmul (a column of ones appended to v), so the exponentials' one use is that
+    # matmul: IREE packs them in the dispatch that computes them, with no packing
+    # dispatch of its own for the 12x197x197 weights.
     q, k, v = _randn(2, 6, 197, 64), _randn(2, 6, 197, 64), _randn(2, 6, 197, 64)
     assert_matches_eager(F.scaled_dot_product_attention, q, k, v, options={"cache": False}, rtol=1e-5, atol=2e-5)
     graph = tori.last_compile().graphs[0]
-    assert "aten.sum" not in graph.stages["aten"]
     vmfb = graph.stages["vmfb"]
-    assert b"batch_matmul_12x197x65x197" in vmfb and b"encode_12x197x197" not in vmfb
+    if _lanes():
+        assert b"tori_packed_attention_2x6x208x197x64_16" in graph.iree_bytecode
+        assert b"batch_mmt4d_12x13x4x197x16x16x1" in vmfb and b"encode_12x208x197" not in vmfb
+    else:
+        assert "aten.sum" not in graph.stages["aten"]
+        assert b"batch_matmul_12x197x65x197" in vmfb and b"encode_12x197x197" not in vmfb
+
+
+PACKED = {
+    # name: (q, k, v shapes, fn): tori-packed-attention's form where the CPU has AVX-512
+    "rows padded to whole tiles": ((2, 6, 197, 64), (2, 6, 197, 64), (2, 6, 197, 64), F.scaled_dot_product_attention),
+    "whole tiles, heads of 40": ((2, 4, 128, 40), (2, 4, 96, 40), (2, 4, 96, 40), F.scaled_dot_product_attention),
+    "shared heads": ((1, 4, 70, 16), (1, 2, 70, 16), (1, 2, 70, 16),
+                     lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True)),
+    "scale": ((2, 2, 64, 32), (2, 2, 64, 32), (2, 2, 64, 32),
+              lambda q, k, v: F.scaled_dot_product_attention(q, k, v, scale=0.05)),
+}
+
+
+@pytest.mark.parametrize("case", list(PACKED))
+def test_packed_attention_matches_eager(case):
+    if not _lanes():
+        pytest.skip("tori packs attention for CPUs with AVX-512; this one has none")
+    *shapes, fn = PACKED[case]
+    q, k, v = (_randn(*shape) * 3 for shape in shapes)  # scores far from zero
+    with count_graphs() as count:  # float32 sums over the keys, in another order than eager's
+        assert_matches_eager(fn, q, k, v, options={"cache": False}, rtol=1e-4, atol=5e-5)
+    assert count.compiled_graphs == 1
+    assert b"tori_packed_attention_" in tori.last_compile().graphs[0].iree_bytecode
+    if case != "shared heads":  # the flash op's logsumexp too (training saves it for the backward graph)
+        assert_matches_eager(lambda q, k, v: aten._scaled_dot_product_flash_attention_for_cpu(q, k, v),
+                             *(t[:, :2] for t in (q, k, v)), options={"cache": False}, rtol=1e-4, atol=5e-5)
+        assert b"tori_packed_attention_" in tori.last_compile().graphs[0].iree_bytecode
+
+
+def test_packed_attention_gradients_match_eager():
+    if not _lanes():
+        pytest.skip("tori packs attention for CPUs with AVX-512; this one has none")
+    q, k, v = (_randn(2, 2, 80, 16).requires_grad_() for _ in range(3))
+
+    def loss(q, k, v):
+        return F.scaled_dot_product_attention(q, k, v).square().sum()
+
+    with count_graphs() as count:
+        _assert_gradients_match_eager(loss, q, k, v)
+    assert count.compiled_graphs == 2  # forward and backward
+    forward = next(g for g in tori.last_compile().graphs if g.kind == "forward")
+    assert b"tori_packed_attention_2x2x80x80x16_16" in forward.iree_bytecode
 
 
 def test_decoding_step_attention_keeps_its_row_sums():
@@ -114,14 +180,7 @@ def test_attention_gradients_match_eager(rows):
     def loss(q, k, v):
         return F.scaled_dot_product_attention(q, k, v, is_causal=True).square().sum()
 
-    compiled = torch.compile(loss, backend="tori", options={"fallback": "error"})
-    compiled(q, k, v).backward()
-    grads = [t.grad for t in (q, k, v)]
-    for t in (q, k, v):
-        t.grad = None
-    loss(q, k, v).backward()
-    for got, expected in zip(grads, (q.grad, k.grad, v.grad)):
-        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    _assert_gradients_match_eager(loss, q, k, v)
 
 
 @pytest.mark.parametrize("options, softmax", [

@@ -25,6 +25,7 @@ from tori.passes import fold_constants  # noqa: E402,F401
 from tori.passes import fold_empty  # noqa: E402,F401
 from tori.passes import int8_weight_matmul  # noqa: E402,F401
 from tori.passes import materialize_masks  # noqa: E402,F401
+from tori.passes import packed_attention  # noqa: E402,F401
 from tori.passes import packed_matmul  # noqa: E402,F401
 from tori.passes import pooling_nhwc  # noqa: E402,F401
 from tori.passes import row_reductions  # noqa: E402,F401

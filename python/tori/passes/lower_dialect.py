@@ -27,6 +27,7 @@ from tori.passes.depthwise_nhwc import PASS_NAME as DEPTHWISE_PASS
 from tori.passes.int8_weight_matmul import PASS_NAME as INT8_WEIGHT_PASS
 from tori.passes.materialize_masks import PASS_NAME as MASKS_PASS
 from tori.passes.matching import walk
+from tori.passes.packed_attention import PASS_NAME as ATTENTION_PASS
 from tori.passes.packed_matmul import PASS_NAME as PACKED_PASS
 from tori.passes.pooling_nhwc import PASS_NAME as POOLING_PASS
 from tori.passes.registry import register_pass, run_pipeline
@@ -75,7 +76,10 @@ def lower_for_iree(module: ir.Module, options, *, graph: str = "", text: str | N
                    packed_tile: tuple[int, int] = (0, 0)) -> None:
     """Run tori-lower-dialect over `module` and check that no tori op is left; then give
     depthwise convolutions IREE's channels-last kernel (tori-depthwise-nhwc), max
-    pooling IREE's channels-last one (tori-pooling-nhwc), reductions over the last
+    pooling IREE's channels-last one (tori-pooling-nhwc), an attention's exponentials
+    the packed layout of the matmul that reads them (tori-packed-attention, before the
+    row reductions take their sums; its lanes from `packed_attention_lanes`),
+    reductions over the last
     dimension vector lanes (tori-row-reductions; a layer normalization's mean and
     variance one pass), matmuls
     against widened int8 weights one contraction (tori-int8-weight-matmul) and 16-bit
@@ -87,6 +91,7 @@ def lower_for_iree(module: ir.Module, options, *, graph: str = "", text: str | N
     (tori Options) is a CPU (the contractions may then carry IREE's CPU tiling and data
     tiling). `text`: the module printed, where the caller has it (`run_pipeline`)."""
     from tori.targets.build import compiled_targets, cpu_only
+    from tori.targets.codegen import packed_attention_lanes
     from tori.targets.cpu import float16_types_without_arithmetic
 
     only_cpu = cpu_only(compiled_targets(options))
@@ -99,8 +104,9 @@ def lower_for_iree(module: ir.Module, options, *, graph: str = "", text: str | N
     reductions = f"{ROWS_PASS}{{cpu={str(only_cpu).lower()}}}"
     rows, cols = packed_tile if only_cpu else (0, 0)
     packed = f"{PACKED_PASS}{{rows={rows} cols={cols}}}"
-    run_pipeline(module, f"{PASS_NAME}, {DEPTHWISE_PASS}, {pooling}, {reductions}, {int8}, {widen}, {masks}, {packed}", graph=graph,
-                 text=text)
+    attention = f"{ATTENTION_PASS}{{lanes={packed_attention_lanes(options)}}}"
+    run_pipeline(module, f"{PASS_NAME}, {DEPTHWISE_PASS}, {pooling}, {attention}, {reductions}, {int8}, {widen}, "
+                 f"{masks}, {packed}", graph=graph, text=text)
     check_lowered(module, graph=graph)
 
 

@@ -34,6 +34,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 SPEC_FLAG = "--iree-preprocessing-transform-spec-filename"
+# IREE's tuning specs run where its code generation configures each dispatch, after
+# its fusions and reshapes have rebuilt the ops (and dropped any `compilation_info`
+# given earlier): they match an op by its structure and give it a configuration.
+TUNING_SPEC_FLAG = "--iree-codegen-tuning-spec-path"
 
 
 @dataclass(frozen=True)
@@ -133,10 +137,69 @@ def spec_text(configs: tuple[KernelConfig, ...]) -> str:
 def spec_path(configs: tuple[KernelConfig, ...]) -> Path:
     """The spec of `configs` as a file (written once, atomically, under tori's temporary
     folder), for iree-compile's SPEC_FLAG."""
-    text = spec_text(configs)
+    return _written(spec_text(configs), "spec")
+
+
+# tori-packed-attention's exponentials, as IREE's dispatch holds them: [rows, K, L]
+# from scores [rows, L, K] less each row's maximum [rows, L]. One tile of rows a
+# workgroup, vector tiles of 16 queries by 16 keys (read along the keys, stored along
+# the queries: a transpose in registers); IREE's own vectorizes along the stored
+# queries and loads the keys one scalar at a time.
+PACKED_EXPONENTIALS = """
+  transform.named_sequence @packed_exponentials(%op: !transform.any_op {transform.readonly})
+      -> (!transform.any_op, !transform.any_param) {
+    %ins, %outs = transform.iree.match.cast_compatible_dag_from_root %op {
+    ^bb0(%s: tensor<?x?x?xf32>, %m: tensor<?x?xf32>, %e: tensor<?x?x?xf32>):
+      %0 = linalg.generic {indexing_maps = [affine_map<(d0, d1, d2) -> (d0, d2, d1)>,
+                                            affine_map<(d0, d1, d2) -> (d0, d2)>,
+                                            affine_map<(d0, d1, d2) -> (d0, d1, d2)>],
+                           iterator_types = ["parallel", "parallel", "parallel"]}
+          ins(%s, %m : tensor<?x?x?xf32>, tensor<?x?xf32>) outs(%e : tensor<?x?x?xf32>) {
+      ^bb0(%x: f32, %p: f32, %o: f32):
+        %1 = arith.subf %x, %p : f32
+        %2 = math.exp %1 : f32
+        linalg.yield %2 : f32
+      } -> tensor<?x?x?xf32>
+    } : (!transform.any_op) -> (!transform.any_value, !transform.any_value)
+    %info = transform.param.constant """ + cpu_compilation_info((1, 0, 0), (1, 16, 16), (0, 0, 0)) + """ -> !transform.any_param
+    transform.yield %op, %info : !transform.any_op, !transform.any_param
+  }"""
+
+
+def _matcher_name(matcher: str) -> str:
+    return matcher.split("@", 1)[1].split("(", 1)[0]
+
+
+def tuning_spec_text(matchers: tuple[str, ...]) -> str:
+    """The tuning spec that gives each op one of `matchers` (named sequences that
+    yield the op and its `compilation_info`) matches that configuration."""
+    pairs = ", ".join(f"@{_matcher_name(m)} -> @apply_config" for m in matchers)
+    return f"""module attributes {{transform.with_named_sequence, iree_codegen.tuning_spec_with_default_entrypoint}} {{
+  transform.named_sequence @apply_config(%op: !transform.any_op {{transform.readonly}},
+                                         %info: !transform.any_param {{transform.readonly}}) {{
+    transform.annotate %op "compilation_info" = %info : !transform.any_op, !transform.any_param
+    transform.yield
+  }}{"".join(matchers)}
+  transform.named_sequence @__kernel_config(%variant: !transform.any_op {{transform.consumed}}) -> !transform.any_op
+      attributes {{iree_codegen.tuning_spec_entrypoint}} {{
+    %done = transform.foreach_match in %variant {pairs} : (!transform.any_op) -> !transform.any_op
+    transform.yield %done : !transform.any_op
+  }}
+}}
+"""
+
+
+def tuning_spec_path(matchers: tuple[str, ...]) -> Path:
+    """The tuning spec of `matchers` as a file, for iree-compile's TUNING_SPEC_FLAG."""
+    return _written(tuning_spec_text(matchers), "tuning")
+
+
+def _written(text: str, kind: str) -> Path:
+    """`text` as a file named by its hash (written once, atomically, under tori's
+    temporary folder), so that the compile cache's key changes with it."""
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     folder = Path(tempfile.gettempdir()) / "tori-kernel-configs"
-    path = folder / f"spec-{digest}.mlir"
+    path = folder / f"{kind}-{digest}.mlir"
     if not path.exists():
         folder.mkdir(parents=True, exist_ok=True)
         partial = folder / f".{path.name}.{os.getpid()}"

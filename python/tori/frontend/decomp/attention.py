@@ -42,7 +42,8 @@ import math
 import torch
 
 from tori.frontend.decomp.softmax import keeps_pytorchs_attention
-from tori.frontend.decompositions import register_decomposition
+from tori.frontend.decompositions import register_decomposition, traced_options
+from tori.passes.packed_attention import MIN_KEYS, MIN_ROWS
 
 aten = torch.ops.aten
 
@@ -57,6 +58,15 @@ def _applies(query, key, value, dropout_p) -> bool:
     same_batch = query.shape[0] == key.shape[0] == value.shape[0]
     same_keys = key.shape[1:3] == value.shape[1:3] and key.shape[-1] == query.shape[-1]
     return same_batch and same_keys and key.shape[1] > 0 and query.shape[1] % key.shape[1] == 0
+
+
+def _packed_lanes() -> int:
+    """The query rows of tori-packed-attention's tiles for the graph being traced, 0
+    where that pass does not run."""
+    from tori.targets.codegen import packed_attention_lanes
+
+    options = traced_options()
+    return packed_attention_lanes(options) if options is not None else 0
 
 
 def _grouped_mask(mask: torch.Tensor, kv_heads: int, group: int):
@@ -78,8 +88,14 @@ def flash_attention_for_cpu(op, query, key, value, dropout_p=0.0, is_causal=Fals
     scale = 1.0 / math.sqrt(width) if scale is None else float(scale)
     # The query heads of one key/value head are consecutive: their rows stack.
     rows = query.reshape(batch, kv_heads, group * length, width)
-    scores = rows @ key.transpose(-2, -1)  # [B, Hkv, group * L, S]
     masked = attn_mask is not None or is_causal
+    stacked = group * length
+    lanes = _packed_lanes() if not masked and scale > 0 and stacked >= MIN_ROWS and keys >= MIN_KEYS else 0
+    if lanes:  # tori-packed-attention's form: whole tiles of scaled queries
+        rows = rows * scale
+        if stacked % lanes:
+            rows = torch.nn.functional.pad(rows, (0, 0, 0, lanes - stacked % lanes))
+    scores = rows @ key.transpose(-2, -1)  # [B, Hkv, group * L (padded), S]
     if masked or scale <= 0:
         scores = scores * scale
     if masked:
@@ -93,10 +109,14 @@ def flash_attention_for_cpu(op, query, key, value, dropout_p=0.0, is_causal=Fals
             grouped = torch.where(mask, grouped, -math.inf) if mask.dtype == torch.bool else grouped + mask
         scores = grouped.view(batch, kv_heads, group * length, keys)
     peak = torch.amax(scores, -1, keepdim=True)
-    peak = torch.where(peak == -math.inf, 0.0, peak)  # a fully masked row
+    if not lanes:  # a fully masked row (none without a mask: tori-packed-attention reads the maxima as they are)
+        peak = torch.where(peak == -math.inf, 0.0, peak)
     shifted = scores - peak
-    weights = torch.exp(shifted if masked or scale <= 0 else shifted * scale)
-    if group * length >= MATMUL_SUM_ROWS:
+    weights = torch.exp(shifted if masked or scale <= 0 or lanes else shifted * scale)
+    if lanes:  # tori-packed-attention's form: the matmul, then the row sums
+        out, total = weights @ value, weights.sum(-1, keepdim=True)
+        out, total, peak = out[..., :stacked, :], total[..., :stacked, :], peak[..., :stacked, :]
+    elif stacked >= MATMUL_SUM_ROWS:
         ones = torch.ones(*value.shape[:-1], 1, dtype=value.dtype, device=value.device)
         both = weights @ torch.cat([value, ones], -1)  # the outputs, then the row sums
         out, total = both[..., :-1], both[..., -1:]
@@ -104,6 +124,6 @@ def flash_attention_for_cpu(op, query, key, value, dropout_p=0.0, is_causal=Fals
         out, total = weights @ value, weights.sum(-1, keepdim=True)
     empty = total == 0
     out = out * torch.where(empty, 0.0, torch.reciprocal(total))
-    scaled_peak = peak if masked or scale <= 0 else peak * scale
+    scaled_peak = peak if masked or scale <= 0 or lanes else peak * scale
     logsumexp = torch.where(empty, 0.0, scaled_peak + torch.log(total))
-    return out.view(batch, heads, length, value.shape[-1]), logsumexp.view(batch, heads, length)
+    return out.reshape(batch, heads, length, value.shape[-1]), logsumexp.reshape(batch, heads, length)
