@@ -37,46 +37,15 @@ becomes
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from torch_mlir import ir
 
+from tori.passes.builtin_calls import (builtin_tensor, call_private_function, f32_shape, int_pair, is_none,
+                                      ops_named, torch_constant)
 from tori.passes.registry import register_pass
 
 PASS_NAME = "tori-depthwise-nhwc"
-
-_VTENSOR = re.compile(r"^!torch\.vtensor<\[([0-9,]+)\],f32>$")
-
-
-def _shape(value: ir.Value) -> list[int] | None:
-    match = _VTENSOR.match(str(value.type))
-    return [int(d) for d in match.group(1).split(",")] if match else None
-
-
-def _constant(value: ir.Value, kind: str):
-    """The value of a `torch.constant.<kind>` (int or bool), else None."""
-    owner = value.owner
-    if not isinstance(owner, ir.Operation) and hasattr(owner, "operation"):
-        owner = owner.operation
-    if not isinstance(owner, ir.Operation) or owner.name != f"torch.constant.{kind}":
-        return None
-    attribute = owner.attributes["value"]
-    return bool(ir.BoolAttr(attribute).value) if kind == "bool" else ir.IntegerAttr(attribute).value
-
-
-def _int_pair(value: ir.Value) -> tuple[int, int] | None:
-    owner = value.owner
-    owner = getattr(owner, "operation", owner)
-    if not isinstance(owner, ir.Operation) or owner.name != "torch.prim.ListConstruct" or len(owner.operands) != 2:
-        return None
-    pair = tuple(_constant(v, "int") for v in owner.operands)
-    return pair if None not in pair else None
-
-
-def _is_none(value: ir.Value) -> bool:
-    return owner_named(value, "torch.constant.none") is not None
-
 
 @dataclass(frozen=True)
 class WindowForm:
@@ -183,88 +152,20 @@ def depthwise_form(op: ir.Operation) -> Depthwise | None:
     if op.name != "torch.aten.convolution" or len(op.operands) != 9:
         return None
     x, weight, bias, stride, padding, dilation, transposed, _, groups = op.operands
-    shape, kernel, out = _shape(x), _shape(weight), _shape(op.results[0])
+    shape, kernel, out = f32_shape(x), f32_shape(weight), f32_shape(op.results[0])
     if shape is None or kernel is None or out is None or len(shape) != 4 or len(kernel) != 4 or len(out) != 4:
         return None
     channels = shape[1]
-    if kernel[:2] != [channels, 1] or _constant(groups, "int") != channels or out[1] != channels:
+    if kernel[:2] != [channels, 1] or torch_constant(groups, "int") != channels or out[1] != channels:
         return None
-    if _constant(transposed, "bool") is not False:
+    if torch_constant(transposed, "bool") is not False:
         return None
-    pairs = [_int_pair(v) for v in (stride, padding, dilation)]
+    pairs = [int_pair(v) for v in (stride, padding, dilation)]
     if None in pairs or min(pairs[1]) < 0 or min(pairs[0] + pairs[2]) < 1:
         return None
-    if not _is_none(bias) and _shape(bias) != [channels]:
+    if not is_none(bias) and f32_shape(bias) != [channels]:
         return None
-    return Depthwise(tuple(shape), tuple(kernel[2:]), *pairs, tuple(out), bias=not _is_none(bias))
-
-
-def builtin_tensor(*dims: int, element: str = "f32") -> str:
-    """The MLIR text of a static builtin tensor type: `tensor<2x3xf32>`."""
-    return f"tensor<{'x'.join(map(str, dims))}x{element}>"
-
-
-def ops_named(op: ir.Operation, name: str) -> list[ir.Operation]:
-    """The ops of that name nested in `op`, in order."""
-    found = []
-    for region in op.regions:
-        for block in region.blocks:
-            for child in block.operations:
-                child = child.operation
-                if child.name == name:
-                    found.append(child)
-                found.extend(ops_named(child, name))
-    return found
-
-
-def owner_named(value: ir.Value, name: str) -> ir.Operation | None:
-    """The op of that name that defines `value`, else None."""
-    owner = getattr(value.owner, "operation", value.owner)
-    return owner if isinstance(owner, ir.Operation) and owner.name == name else None
-
-
-def _static_sizes(value: ir.Value) -> list[int]:
-    """The sizes of a static `!torch.vtensor` value."""
-    return [int(d) for d in re.match(r"^!torch\.vtensor<\[([0-9,]+)\]", str(value.type)).group(1).split(",")]
-
-
-def _builtin(value: ir.Value, element: ir.Type) -> ir.Value:
-    shape = _static_sizes(value)
-    return ir.Operation.create("torch_c.to_builtin_tensor", operands=[value],
-                               results=[ir.RankedTensorType.get(shape, element)]).results[0]
-
-
-def call_private_function(module: ir.Operation, op: ir.Operation, name: str, text: str, operands: list[ir.Value],
-                          elements: list[ir.Type]) -> None:
-    """Replace `op` (one float32 result) with a call of the private function `name`
-    (defined from `text` if the module lacks it) on `operands` cast to builtin tensors
-    of the given element types; `torch_c` casts around the call."""
-    call_in_place_of(module, op, name, text, operands, elements, [op.results[0]])
-    op.erase()
-
-
-def call_in_place_of(module: ir.Operation, before: ir.Operation, name: str, text: str, operands: list[ir.Value],
-                     elements: list[ir.Type], replaced: list[ir.Value]) -> None:
-    """Call the private function `name` (defined from `text` if the module lacks it)
-    just before `before`, on `operands` cast to builtin tensors of the given element
-    types; its float32 results, cast back, take the uses of `replaced`, in order."""
-    # torch_c (Torch-MLIR's TorchConversion dialect) has no Python registration: its
-    # casts are made in generic form, which IREE's parser reads as its own ops.
-    module.context.allow_unregistered_dialects = True
-    if name not in ir.SymbolTable(module):  # the module's symbols, read in C++: one call per matmul
-        parsed = ir.Module.parse(text)  # kept alive until its function is moved
-        function = parsed.body.operations[0].operation
-        function.detach_from_parent()
-        module.regions[0].blocks[0].append(function)
-    with ir.InsertionPoint(before), before.location:
-        result_types = [ir.RankedTensorType.get(_static_sizes(value), ir.F32Type.get()) for value in replaced]
-        builtins = [_builtin(value, element) for value, element in zip(operands, elements)]
-        call = ir.Operation.create("func.call", operands=builtins, results=result_types,
-                                   attributes={"callee": ir.FlatSymbolRefAttr.get(name)})
-        backs = [ir.Operation.create("torch_c.from_builtin_tensor", operands=[result], results=[value.type])
-                 for result, value in zip(call.results, replaced)]
-    for value, back in zip(replaced, backs):
-        value.replace_all_uses_with(back.results[0])
+    return Depthwise(tuple(shape), tuple(kernel[2:]), *pairs, tuple(out), bias=not is_none(bias))
 
 
 @register_pass(PASS_NAME)

@@ -56,7 +56,7 @@ from dataclasses import dataclass
 
 from torch_mlir import ir
 
-from tori.passes.depthwise_nhwc import _int_pair, call_private_function, ops_named, owner_named
+from tori.passes.builtin_calls import call_private_function, int_pair, ops_named, owner_named
 from tori.passes.registry import register_pass
 from tori.targets.kernel_configs import cpu_compilation_info
 
@@ -158,7 +158,7 @@ def int8_weight_of(value: ir.Value) -> ir.Value | None:
     if second is None:
         return None
     permute = first if first.name == "torch.aten.permute" else second
-    if _int_pair(permute.operands[1]) != (1, 0):
+    if int_pair(permute.operands[1]) != (1, 0):
         return None
     return second.operands[0]
 

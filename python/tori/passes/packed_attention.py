@@ -47,8 +47,8 @@ from dataclasses import dataclass
 
 from torch_mlir import ir
 
-from tori.passes.depthwise_nhwc import _constant, _is_none, _shape, builtin_tensor, call_in_place_of, ops_named, \
-    owner_named
+from tori.passes.builtin_calls import (builtin_tensor, call_in_place_of, f32_shape, is_none, ops_named,
+                                      owner_named, torch_constant)
 from tori.passes.matching import erase_unused
 from tori.passes.registry import register_pass
 
@@ -165,7 +165,7 @@ def _matmul_of(user: ir.Operation, value: ir.Value) -> tuple[ir.Operation, list[
     ops; else None."""
     chain = []
     while user.name != "torch.aten.bmm":
-        if user.name not in _VIEWS or (user.name == "torch.aten.expand" and _shape(user.results[0]) != _shape(value)):
+        if user.name not in _VIEWS or (user.name == "torch.aten.expand" and f32_shape(user.results[0]) != f32_shape(value)):
             return None
         chain.append(user)
         value = user.results[0]
@@ -180,9 +180,9 @@ def _row_sum(op: ir.Operation, e: ir.Value) -> bool:
     if op.name != "torch.aten.sum.dim_IntList" or op.operands[0] != e or len(op.operands) != 4:
         return False
     dims = owner_named(op.operands[1], "torch.prim.ListConstruct")
-    rank = len(_shape(e) or [])
-    return (dims is not None and len(dims.operands) == 1 and _constant(dims.operands[0], "int") in (-1, rank - 1)
-            and _constant(op.operands[2], "bool") is True and _is_none(op.operands[3]))
+    rank = len(f32_shape(e) or [])
+    return (dims is not None and len(dims.operands) == 1 and torch_constant(dims.operands[0], "int") in (-1, rank - 1)
+            and torch_constant(op.operands[2], "bool") is True and is_none(op.operands[3]))
 
 
 def attention_form(exp: ir.Operation, lanes: int):
@@ -191,11 +191,11 @@ def attention_form(exp: ir.Operation, lanes: int):
     if exp.name != "torch.aten.exp" or lanes <= 0:
         return None
     shifted = owner_named(exp.operands[0], "torch.aten.sub.Tensor")
-    if shifted is None or _constant(shifted.operands[2], "int") != 1 or len(_users(shifted.results[0])) != 1:
+    if shifted is None or torch_constant(shifted.operands[2], "int") != 1 or len(_users(shifted.results[0])) != 1:
         return None
     scores, peaks = shifted.operands[0], shifted.operands[1]
-    shape, peak_shape, e = _shape(scores), _shape(peaks), exp.results[0]
-    if shape is None or len(shape) < 3 or 0 in shape or _shape(e) != shape or not str(e.type).endswith(",f32>"):
+    shape, peak_shape, e = f32_shape(scores), f32_shape(peaks), exp.results[0]
+    if shape is None or len(shape) < 3 or 0 in shape or f32_shape(e) != shape or not str(e.type).endswith(",f32>"):
         return None
     *lead, m, k = shape
     if peak_shape != [*lead, m, 1] or m % lanes or m < MIN_ROWS or k < MIN_KEYS:
@@ -211,8 +211,8 @@ def attention_form(exp: ir.Operation, lanes: int):
     bmm, chain = found
     if not bmm.is_before_in_block(sums[0]):  # the call, before the bmm, must precede the sum's users
         return None
-    values = _shape(bmm.operands[1])
-    if values is None or len(values) != 3 or values[:2] != [math.prod(lead), k] or _shape(bmm.results[0]) != \
+    values = f32_shape(bmm.operands[1])
+    if values is None or len(values) != 3 or values[:2] != [math.prod(lead), k] or f32_shape(bmm.results[0]) != \
             [math.prod(lead), m, values[2]]:
         return None
     return (PackedAttention(tuple(shape), values[2], lanes), [scores, peaks, bmm.operands[1]], bmm, sums[0],

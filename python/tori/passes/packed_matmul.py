@@ -62,7 +62,7 @@ from dataclasses import dataclass
 
 from torch_mlir import ir
 
-from tori.passes.depthwise_nhwc import _int_pair, _shape, builtin_tensor, call_private_function, ops_named, owner_named
+from tori.passes.builtin_calls import builtin_tensor, call_private_function, f32_shape, int_pair, ops_named, owner_named
 from tori.passes.registry import register_pass
 from tori.targets.kernel_configs import cpu_compilation_info
 
@@ -246,7 +246,7 @@ def _matmul_dims(op: ir.Operation) -> tuple[int, int, int] | None:
     """(M, K, N) of a `torch.aten.mm` of static float32 [M, K] and [K, N] operands, else None."""
     if op.name != "torch.aten.mm":
         return None
-    lhs, rhs, out = (_shape(v) for v in (*op.operands, op.results[0]))
+    lhs, rhs, out = (f32_shape(v) for v in (*op.operands, op.results[0]))
     if lhs is None or rhs is None or out is None or len(lhs) != 2 or len(rhs) != 2:
         return None
     (m, k), (k_right, n) = lhs, rhs
@@ -281,7 +281,7 @@ def tile_rows(m: int, rows: int) -> int:
 def _transposed(value: ir.Value) -> ir.Value | None:
     """The [N, K] tensor that `value` is `permute([1, 0])` of, else None."""
     permute = owner_named(value, "torch.aten.permute")
-    if permute is None or _int_pair(permute.operands[1]) != (1, 0) or _shape(permute.operands[0]) is None:
+    if permute is None or int_pair(permute.operands[1]) != (1, 0) or f32_shape(permute.operands[0]) is None:
         return None
     return permute.operands[0]
 

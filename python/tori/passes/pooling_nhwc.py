@@ -45,7 +45,8 @@ from dataclasses import dataclass
 
 from torch_mlir import ir
 
-from tori.passes.depthwise_nhwc import WindowForm, _int_pair, _shape, builtin_tensor, call_private_function, ops_named
+from tori.passes.builtin_calls import builtin_tensor, call_private_function, f32_shape, int_pair, ops_named
+from tori.passes.depthwise_nhwc import WindowForm
 from tori.passes.registry import register_pass
 
 PASS_NAME = "tori-pooling-nhwc"
@@ -122,10 +123,10 @@ def max_pool_form(op: ir.Operation) -> MaxPool | None:
         return None
     if len(op.results) == 2 and list(op.results[1].uses):
         return None  # the indices feed a backward pass
-    shape, out = _shape(op.operands[0]), _shape(op.results[0])
+    shape, out = f32_shape(op.operands[0]), f32_shape(op.results[0])
     if shape is None or out is None or len(shape) != 4 or len(out) != 4 or out[:2] != shape[:2]:
         return None
-    pairs = [_int_pair(v) for v in op.operands[1:5]]
+    pairs = [int_pair(v) for v in op.operands[1:5]]
     if None in pairs:
         return None
     kernel, stride, padding, dilation = pairs

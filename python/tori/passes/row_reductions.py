@@ -59,8 +59,8 @@ from dataclasses import dataclass
 
 from torch_mlir import ir
 
-from tori.passes.depthwise_nhwc import (_constant, _is_none, _shape, builtin_tensor, call_in_place_of, ops_named,
-                                       owner_named)
+from tori.passes.builtin_calls import (builtin_tensor, call_in_place_of, f32_shape, is_none, ops_named,
+                                      owner_named, torch_constant)
 from tori.passes.registry import register_pass
 
 PASS_NAME = "tori-row-reductions"
@@ -212,13 +212,13 @@ def row_reduction_kind(op: ir.Operation) -> str | None:
     kind, operands = _KINDS.get(op.name, (None, 0))
     if kind is None or len(op.operands) != operands:
         return None
-    shape = _shape(op.operands[0])
+    shape = f32_shape(op.operands[0])
     if shape is None or len(shape) < 2 or 0 in shape or shape[-1] < MIN_ROW or shape[-1] % _LANES[kind]:
         return None
     dims = owner_named(op.operands[1], "torch.prim.ListConstruct")
-    if dims is None or len(dims.operands) != 1 or _constant(dims.operands[0], "int") not in (-1, len(shape) - 1):
+    if dims is None or len(dims.operands) != 1 or torch_constant(dims.operands[0], "int") not in (-1, len(shape) - 1):
         return None
-    if _constant(op.operands[2], "bool") is not True or (operands == 4 and not _is_none(op.operands[3])):
+    if torch_constant(op.operands[2], "bool") is not True or (operands == 4 and not is_none(op.operands[3])):
         return None
     return kind
 
@@ -237,7 +237,7 @@ def moments_form(mean: ir.Operation) -> tuple[ir.Operation, ir.Operation] | None
     for use in mean.results[0].uses:
         sub = getattr(use.owner, "operation", use.owner)
         if (sub.name != "torch.aten.sub.Tensor" or sub.operands[0] != x or sub.operands[1] != mean.results[0]
-                or _constant(sub.operands[2], "int") != 1):
+                or torch_constant(sub.operands[2], "int") != 1):
             continue
         for sub_use in sub.results[0].uses:
             square = getattr(sub_use.owner, "operation", sub_use.owner)
@@ -263,14 +263,14 @@ def row_reductions(op: ir.Operation, pass_: object, *, cpu: bool = True) -> None
     taken = seconds + [mean for mean, _ in moments]
     alone = [(reduction, kind) for reduction, kind in found if not any(reduction == t for t in taken)]
     for mean, (second, square) in moments:
-        form = RowReduction(tuple(_shape(mean.operands[0])), "moments")
+        form = RowReduction(tuple(f32_shape(mean.operands[0])), "moments")
         call_in_place_of(op, mean, form.name, form.function(), [mean.operands[0]], [ir.F32Type.get()],
                          [mean.results[0], second.results[0]])
         second.erase()
         square.erase()
         mean.erase()
     for reduction, kind in alone:
-        form = RowReduction(tuple(_shape(reduction.operands[0])), kind)
+        form = RowReduction(tuple(f32_shape(reduction.operands[0])), kind)
         call_in_place_of(op, reduction, form.name, form.function(), [reduction.operands[0]], [ir.F32Type.get()],
                          [reduction.results[0]])
         reduction.erase()
