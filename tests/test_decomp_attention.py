@@ -5,6 +5,7 @@ masked rows, its logsumexp and its gradients; and `_softmax` over long rows as i
 steps (tori/frontend/decomp/softmax.py)."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -108,6 +109,24 @@ def test_exponentials_are_packed_where_they_are_computed():
     else:
         assert "aten.sum" not in graph.stages["aten"]
         assert b"batch_matmul_12x197x65x197" in vmfb and b"encode_12x197x197" not in vmfb
+
+
+def test_packed_exponentials_get_their_vector_tiles():
+    # IREE's tuning spec gives the exponentials' op 16 queries by 16 keys a vector tile
+    # where IREE configures the dispatch (IREE's own tile stored each value alone).
+    if not _lanes():
+        pytest.skip("tori packs attention for CPUs with AVX-512; this one has none")
+    from tori.targets.iree_compile import IreeInvocation, run_iree_compile
+
+    q, k, v = _randn(2, 6, 197, 64), _randn(2, 6, 197, 64), _randn(2, 6, 197, 64)
+    assert_matches_eager(F.scaled_dot_product_attention, q, k, v, options={"cache": False}, rtol=1e-4, atol=5e-5)
+    graph = tori.last_compile().graphs[0]
+    configured = IreeInvocation((*graph.iree_invocation.flags, "--compile-to=executable-configurations"))
+    text = run_iree_compile(graph.iree_bytecode, configured, graph="configured", timeout_s=300).decode()
+    executables = text.split("hal.executable private @")
+    exponentials = [e for e in executables if "elementwise_transpose_156x197x16" in e and "math.exp" in e]
+    assert len(exponentials) == 1, "no one dispatch of the packed exponentials"
+    assert re.findall(r"vector_common_parallel = (\[[0-9, ]+\])", exponentials[0]) == ["[1, 16, 16]"]
 
 
 PACKED = {

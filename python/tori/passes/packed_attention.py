@@ -49,7 +49,7 @@ from torch_mlir import ir
 
 from tori.passes.builtin_calls import (builtin_tensor, call_in_place_of, f32_shape, is_none, ops_named,
                                       owner_named, torch_constant)
-from tori.passes.matching import erase_unused
+from tori.passes.matching import erase_unused, users
 from tori.passes.registry import register_pass
 
 PASS_NAME = "tori-packed-attention"
@@ -147,13 +147,9 @@ class PackedAttention:
                          and "linalg.reduce" not in line else line for line in ops)
 
 
-def _users(value: ir.Value) -> list[ir.Operation]:
-    return [getattr(use.owner, "operation", use.owner) for use in value.uses]
-
-
 def _single_user(value: ir.Value) -> ir.Operation | None:
-    users = _users(value)
-    return users[0] if len(users) == 1 else None
+    found = users(value)
+    return found[0] if len(found) == 1 else None
 
 
 _VIEWS = ("torch.aten.view", "torch.aten.reshape", "torch.aten._unsafe_view", "torch.aten.expand")
@@ -165,7 +161,8 @@ def _matmul_of(user: ir.Operation, value: ir.Value) -> tuple[ir.Operation, list[
     ops; else None."""
     chain = []
     while user.name != "torch.aten.bmm":
-        if user.name not in _VIEWS or (user.name == "torch.aten.expand" and f32_shape(user.results[0]) != f32_shape(value)):
+        resized = user.name == "torch.aten.expand" and f32_shape(user.results[0]) != f32_shape(value)
+        if user.name not in _VIEWS or resized:
             return None
         chain.append(user)
         value = user.results[0]
@@ -191,18 +188,18 @@ def attention_form(exp: ir.Operation, lanes: int):
     if exp.name != "torch.aten.exp" or lanes <= 0:
         return None
     shifted = owner_named(exp.operands[0], "torch.aten.sub.Tensor")
-    if shifted is None or torch_constant(shifted.operands[2], "int") != 1 or len(_users(shifted.results[0])) != 1:
+    if shifted is None or torch_constant(shifted.operands[2], "int") != 1 or len(users(shifted.results[0])) != 1:
         return None
     scores, peaks = shifted.operands[0], shifted.operands[1]
     shape, peak_shape, e = f32_shape(scores), f32_shape(peaks), exp.results[0]
-    if shape is None or len(shape) < 3 or 0 in shape or f32_shape(e) != shape or not str(e.type).endswith(",f32>"):
+    if shape is None or len(shape) < 3 or 0 in shape or f32_shape(e) != shape:
         return None
     *lead, m, k = shape
     if peak_shape != [*lead, m, 1] or m % lanes or m < MIN_ROWS or k < MIN_KEYS:
         return None
-    users = _users(e)
-    sums = [u for u in users if _row_sum(u, e)]
-    others = [u for u in users if not _row_sum(u, e)]
+    readers = users(e)
+    sums = [u for u in readers if _row_sum(u, e)]
+    others = [u for u in readers if not _row_sum(u, e)]
     if len(sums) != 1 or len(others) != 1:
         return None
     found = _matmul_of(others[0], e)
@@ -211,9 +208,10 @@ def attention_form(exp: ir.Operation, lanes: int):
     bmm, chain = found
     if not bmm.is_before_in_block(sums[0]):  # the call, before the bmm, must precede the sum's users
         return None
-    values = f32_shape(bmm.operands[1])
-    if values is None or len(values) != 3 or values[:2] != [math.prod(lead), k] or f32_shape(bmm.results[0]) != \
-            [math.prod(lead), m, values[2]]:
+    values, batch = f32_shape(bmm.operands[1]), math.prod(lead)
+    if values is None or len(values) != 3 or values[:2] != [batch, k]:
+        return None
+    if f32_shape(bmm.results[0]) != [batch, m, values[2]]:
         return None
     return (PackedAttention(tuple(shape), values[2], lanes), [scores, peaks, bmm.operands[1]], bmm, sums[0],
             [*reversed(chain), exp, shifted])

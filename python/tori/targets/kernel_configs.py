@@ -161,7 +161,8 @@ PACKED_EXPONENTIALS = """
         linalg.yield %2 : f32
       } -> tensor<?x?x?xf32>
     } : (!transform.any_op) -> (!transform.any_value, !transform.any_value)
-    %info = transform.param.constant """ + cpu_compilation_info((1, 0, 0), (1, 16, 16), (0, 0, 0)) + """ -> !transform.any_param
+    %info = transform.param.constant """ + cpu_compilation_info((1, 0, 0), (1, 16, 16), (0, 0, 0)) + """
+      -> !transform.any_param
     transform.yield %op, %info : !transform.any_op, !transform.any_param
   }"""
 
