@@ -129,6 +129,21 @@ def test_packed_exponentials_get_their_vector_tiles():
     assert re.findall(r"vector_common_parallel = (\[[0-9, ]+\])", exponentials[0]) == ["[1, 16, 16]"]
 
 
+@pytest.mark.parametrize("causal", [False, True])
+def test_only_packed_attention_gets_the_tuning_spec(causal):
+    # The spec (and the configuration phase on one thread that it needs) only where
+    # tori-packed-attention's form is in the graph: a causal attention keeps the old form.
+    if not _lanes():
+        pytest.skip("tori packs attention for CPUs with AVX-512; this one has none")
+    q, k, v = _randn(1, 2, 64, 16), _randn(1, 2, 64, 16), _randn(1, 2, 64, 16)
+    fn = lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
+    assert_matches_eager(fn, q, k, v, options={"cache": False}, rtol=1e-4, atol=5e-5)
+    graph = tori.last_compile().graphs[0]
+    tuned = any(flag.startswith("--iree-codegen-tuning-spec-path") for flag in graph.iree_invocation.flags)
+    assert tuned == (not causal)
+    assert (b"tori_packed_attention_" in graph.iree_bytecode) == (not causal)
+
+
 PACKED = {
     # name: (q, k, v shapes, fn): tori-packed-attention's form where the CPU has AVX-512
     "rows padded to whole tiles": ((2, 6, 197, 64), (2, 6, 197, 64), (2, 6, 197, 64), F.scaled_dot_product_attention),

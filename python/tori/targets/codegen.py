@@ -44,8 +44,8 @@ class Family(str, enum.Enum):
     # columns or more, reducing PACKED_MIN_DEPTH or more, of PACKED_MIN_FLOP or more,
     # static: a linear layer over a sequence or a batch of images
     FLOAT_MATMUL = "float32 matmul"
-    # exponentials that a batched matmul reads as its left operand: an attention's
-    # unnormalized softmax (tori-packed-attention packs them for the matmul)
+    # an attention's exponentials in tori-packed-attention's form, which that pass
+    # writes packed for the batched matmul that reads them
     ATTENTION = "attention exponentials"
 
     def __str__(self) -> str:
@@ -307,6 +307,25 @@ def _packable(node: torch.fx.Node) -> bool:
 _VIEWS = {_aten.view.default, _aten._unsafe_view.default, _aten.expand.default, _aten.reshape.default}
 
 
+def _packed_exponentials(node: torch.fx.Node) -> bool:
+    """Exponentials in tori-packed-attention's form: `exp(s - amax(s))` of float32
+    scores [..., M, K], M whole tiles of ATTENTION_LANES rows (at least MIN_ROWS), K at
+    least MIN_KEYS, read by a batched matmul."""
+    from tori.passes.packed_attention import MIN_KEYS, MIN_ROWS
+
+    shifted = node.args[0]
+    if not isinstance(shifted, torch.fx.Node) or shifted.target is not _aten.sub.Tensor:
+        return False
+    peak = shifted.args[1]
+    shape = _shape(node)
+    value = node.meta.get("val")
+    if not isinstance(peak, torch.fx.Node) or peak.target is not _aten.amax.default or shape is None \
+            or len(shape) < 3 or value.dtype != torch.float32:
+        return False
+    rows, keys = shape[-2:]
+    return rows % ATTENTION_LANES == 0 and rows >= MIN_ROWS and keys >= MIN_KEYS and _read_by_matmul(node)
+
+
 def _read_by_matmul(node: torch.fx.Node) -> bool:
     """Whether a batched matmul reads `node` (through views) as its left operand."""
     for user in node.users:
@@ -330,7 +349,7 @@ def op_families(graphs: torch.fx.GraphModule | Iterable[torch.fx.GraphModule]) -
         elif node.target in MATMUL_OPS:
             family = Family.NARROW_BATCH_MATMUL if _narrow(node) else Family.WIDE_MATMUL if _wide(node) \
                 else Family.FLOAT_MATMUL if _packable(node) else Family.MATMUL
-        elif node.target is _aten.exp.default and _read_by_matmul(node):
+        elif node.target is _aten.exp.default and _packed_exponentials(node):
             family = Family.ATTENTION
         if family is not None:
             ops[family] += 1
