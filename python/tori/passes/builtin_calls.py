@@ -46,6 +46,14 @@ def builtin_tensor(*dims: int, element: str = "f32") -> str:
     return f"tensor<{'x'.join(map(str, dims))}x{element}>"
 
 
+def located(lines: list[str], location: str) -> str:
+    """A function's lines joined, each op written on one line (not one that opens a
+    region) carrying `location` (the replaced op's, printed), so that IREE's dispatches
+    name the torch op they compute."""
+    return "\n".join(f"{line} {location}" if location and line.startswith("  %") and not line.endswith("{")
+                     and "linalg.reduce" not in line else line for line in lines)
+
+
 def ops_named(op: ir.Operation, name: str) -> list[ir.Operation]:
     """The ops of that name nested in `op`, in order."""
     found = []

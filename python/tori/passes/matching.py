@@ -77,6 +77,12 @@ def users(value: ir.Value) -> list[ir.Operation]:
     return [use.owner.operation if hasattr(use.owner, "operation") else use.owner for use in value.uses]
 
 
+def single_user(value: ir.Value, name: str | None = None) -> ir.Operation | None:
+    """The one op that uses `value` (of that name, where given), else None."""
+    found = users(value)
+    return found[0] if len(found) == 1 and name in (None, found[0].name) else None
+
+
 def constant(value: ir.Value) -> Any:
     """The Python value of a scalar constant or a list of them; NoMatch otherwise."""
     op = producer(value)

@@ -47,9 +47,9 @@ from dataclasses import dataclass
 
 from torch_mlir import ir
 
-from tori.passes.builtin_calls import (builtin_tensor, call_in_place_of, f32_shape, is_none, ops_named,
-                                      owner_named, torch_constant)
-from tori.passes.matching import erase_unused, users
+from tori.passes.builtin_calls import (builtin_tensor, call_in_place_of, f32_shape, is_none, located,
+                                      ops_named, owner_named, torch_constant)
+from tori.passes.matching import erase_unused, single_user, users
 from tori.passes.registry import register_pass
 
 PASS_NAME = "tori-packed-attention"
@@ -142,14 +142,7 @@ class PackedAttention:
             f"  return %y, %t3 : {out}, {peaks}",
             "}",
         ]
-        # The location goes on the ops written on one line (not those with a region).
-        return "\n".join(f"{line} {location}" if location and line.startswith("  %") and not line.endswith("{")
-                         and "linalg.reduce" not in line else line for line in ops)
-
-
-def _single_user(value: ir.Value) -> ir.Operation | None:
-    found = users(value)
-    return found[0] if len(found) == 1 else None
+        return located(ops, location)
 
 
 _VIEWS = ("torch.aten.view", "torch.aten.reshape", "torch.aten._unsafe_view", "torch.aten.expand")
@@ -166,7 +159,7 @@ def _matmul_of(user: ir.Operation, value: ir.Value) -> tuple[ir.Operation, list[
             return None
         chain.append(user)
         value = user.results[0]
-        user = _single_user(value)
+        user = single_user(value)
         if user is None:
             return None
     return (user, chain) if user.operands[0] == value else None

@@ -62,7 +62,8 @@ from dataclasses import dataclass
 
 from torch_mlir import ir
 
-from tori.passes.builtin_calls import builtin_tensor, call_private_function, f32_shape, int_pair, ops_named, owner_named
+from tori.passes.builtin_calls import (builtin_tensor, call_private_function, f32_shape, int_pair, located,
+                                      ops_named, owner_named)
 from tori.passes.registry import register_pass
 from tori.targets.kernel_configs import cpu_compilation_info
 
@@ -141,12 +142,6 @@ SHALLOW_ROWS = 512
 SHALLOW_VECTOR_ROWS = 4
 
 
-def _located(ops: list[str], location: str) -> str:
-    """A function's lines, its ops carrying `location` (the matmul's, printed), so that
-    IREE's dispatches name the torch op they compute."""
-    return "\n".join(f"{line} {location}" if location and line.startswith("  %") else line for line in ops)
-
-
 @dataclass(frozen=True)
 class PackedMatmul:
     """One form of matmul: the function name and body depend only on it."""
@@ -210,7 +205,7 @@ class PackedMatmul:
             f"  return %y : {builtin_tensor(m, n)}",
             "}",
         ]
-        return _located(ops, location)
+        return located(ops, location)
 
 
 @dataclass(frozen=True)
@@ -239,7 +234,7 @@ class ShallowMatmul:
             f"  return %c : {builtin_tensor(m, n)}",
             "}",
         ]
-        return _located(ops, location)
+        return located(ops, location)
 
 
 def _matmul_dims(op: ir.Operation) -> tuple[int, int, int] | None:

@@ -61,6 +61,7 @@ from torch_mlir import ir
 
 from tori.passes.builtin_calls import (builtin_tensor, call_in_place_of, f32_shape, is_none, ops_named,
                                       owner_named, torch_constant)
+from tori.passes.matching import single_user
 from tori.passes.registry import register_pass
 
 PASS_NAME = "tori-row-reductions"
@@ -223,11 +224,6 @@ def row_reduction_kind(op: ir.Operation) -> str | None:
     return kind
 
 
-def _single_user(value: ir.Value, name: str) -> ir.Operation | None:
-    users = [getattr(use.owner, "operation", use.owner) for use in value.uses]
-    return users[0] if len(users) == 1 and users[0].name == name else None
-
-
 def moments_form(mean: ir.Operation) -> tuple[ir.Operation, ir.Operation] | None:
     """For the first mean of a layer normalization's pattern: the mean of the squared
     differences and the squaring; else None."""
@@ -243,7 +239,7 @@ def moments_form(mean: ir.Operation) -> tuple[ir.Operation, ir.Operation] | None
             square = getattr(sub_use.owner, "operation", sub_use.owner)
             if square.name != "torch.aten.mul.Tensor" or list(square.operands) != [sub.results[0]] * 2:
                 continue
-            second = _single_user(square.results[0], "torch.aten.mean.dim")
+            second = single_user(square.results[0], "torch.aten.mean.dim")
             if second is not None and row_reduction_kind(second) == "mean":
                 return second, square
     return None
