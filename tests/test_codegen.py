@@ -186,8 +186,36 @@ def test_a_product_of_two_activations_is_packed_too():
     torch.manual_seed(0)
     a, b = torch.randn(96, 1600), torch.randn(1600, 256)  # 79 MFLOP, 8 tiles of 12 rows
     with torch.no_grad():
+        assert_matches_eager(Product(), a, b * 0.5, options={"cache": False}, rtol=1e-4, atol=1e-4)
+        # The product is returned as it is: written in its layout (12 rows divide 96), no unpack.
         assert_matches_eager(Product(), a, b, options={"cache": False}, rtol=1e-4, atol=1e-4)
-    assert b"mmt4d_8x8x1600x12x32x1" in tori.last_compile().graphs[0].stages["vmfb"]
+    vmfb = tori.last_compile().graphs[0].stages["vmfb"]
+    assert b"matmul_like_8x8x12x32x1600" in vmfb and b"unpack" not in vmfb
+
+
+@pytest.mark.skipif(not _AVX512_HOST, reason="tori's packed tiles are for AVX-512 CPUs; this one has none")
+@pytest.mark.parametrize("sequences, rows", [(2, 8), (3, 12)])
+def test_logits_are_written_in_their_layout_and_match_eager(sequences, rows):
+    # A language model's head: the logits leave the graph through a view, written as
+    # they lie in tiles that divide them: 256 rows, which none of 14, 13 and 12 divides,
+    # in tiles of 8; 384 in tiles of 12; 4000 columns in 125 of 32.
+    torch.manual_seed(0)
+
+    class Head(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.head = nn.LayerNorm(96), nn.Linear(96, 4000, bias=False)
+
+        def forward(self, x):
+            return self.head(self.norm(x))
+
+    with torch.no_grad():
+        assert_matches_eager(Head().eval(), torch.randn(sequences, 128, 96), options={"cache": False},
+                             rtol=1e-4, atol=1e-4)
+    graph = tori.last_compile().graphs[0]
+    assert f"tori_packed_mm_{sequences * 128}x96x4000_nk_{rows}x32_direct".encode() in graph.iree_bytecode
+    direct = f"matmul_like_{sequences * 128 // rows}x125x{rows}x32x96".encode()
+    assert direct in graph.stages["vmfb"] and b"unpack" not in graph.stages["vmfb"]
 
 
 @pytest.mark.skipif(not _AVX512_HOST, reason="tori's packed tiles are for AVX-512 CPUs; this one has none")

@@ -2,7 +2,8 @@
 of a function that packs both operands in tori's tiles, multiplies them with
 `linalg.mmt4d` and unpacks the result; a linear layer's [N, K] weight is packed as it
 lies. A matmul reducing over 16 values or fewer becomes a `linalg.matmul` with tori's
-tiles, unpacked. Matmuls of few rows, other element types, batched matmuls, and modules
+tiles, unpacked. A result that the function returns (through views) is written in its
+own layout where a tile divides it. Matmuls of few rows, other element types, batched matmuls, and modules
 without a tile (`rows=0`, the default) are left as they are."""
 
 PIPELINE = "tori-packed-matmul{rows=14 cols=32}"
@@ -17,16 +18,26 @@ def t(*dims: int, element: str = "f32") -> str:
     return f"!torch.vtensor<[{','.join(map(str, dims))}],{element}>"
 
 
-def linear(m: int, k: int, n: int, element: str = "f32") -> str:
-    """`@lin`: mm of an [m, k] matrix and the transpose of an [n, k] weight."""
+def linear(m: int, k: int, n: int, element: str = "f32", returned: bool = False) -> str:
+    """`@lin`: mm of an [m, k] matrix and the transpose of an [n, k] weight, its result
+    read by a ReLU (or, `returned`, viewed as [1, m, n] and returned)."""
     x, w, wt, out = t(m, k, element=element), t(n, k, element=element), t(k, n, element=element), \
         t(m, n, element=element)
+    if returned:
+        last = f"""%int{m} = torch.constant.int {m}
+          %int{n} = torch.constant.int {n}
+          %size = torch.prim.ListConstruct %int1, %int{m}, %int{n} : (!torch.int, !torch.int, !torch.int) -> !torch.list<int>
+          %1 = torch.aten.view %0, %size : {out}, !torch.list<int> -> {t(1, m, n, element=element)}"""
+        result = t(1, m, n, element=element)
+    else:
+        last, result = f"%1 = torch.aten.relu %0 : {out} -> {out}", out
     return f"""
-        func.func @lin(%arg0: {x}, %arg1: {w}) -> {out} {{
+        func.func @lin(%arg0: {x}, %arg1: {w}) -> {result} {{
           {DIMS}
           %t = torch.aten.permute %arg1, %dims : {w}, !torch.list<int> -> {wt}
           %0 = torch.aten.mm %arg0, %t : {x}, {wt} -> {out}
-          return %0 : {out}
+          {last}
+          return %1 : {result}
         }}
     """
 
@@ -109,7 +120,8 @@ def test_layers_of_one_shape_share_one_function(filecheck):
           %0 = torch.aten.mm %arg0, %t : {x}, {wt} -> {x}
           %u = torch.aten.permute %arg2, %dims : {w}, !torch.list<int> -> {wt}
           %1 = torch.aten.mm %0, %u : {x}, {wt} -> {x}
-          return %1 : {x}
+          %2 = torch.aten.relu %1 : {x} -> {x}
+          return %2 : {x}
         }}
     """, """
         # CHECK-LABEL: func.func @two
@@ -118,6 +130,61 @@ def test_layers_of_one_shape_share_one_function(filecheck):
         # CHECK-NOT:     torch.aten.mm
     """)
     assert output.count("func.func private @tori_packed_mm_512x256x256_nk_12x32") == 1
+
+
+def test_a_returned_result_is_written_in_its_layout_where_a_tile_divides_it(filecheck):
+    # Llama's logits at 8 sequences: 1024 rows, which none of 14, 13 and 12 divides: 8;
+    # 1092 rows (78 tiles of 14) keep the CPU's 14.
+    logits = linear(1024, 512, 32000, returned=True).replace("@lin", "@logits")
+    fourteen = linear(1092, 512, 32000, returned=True).replace("@lin", "@fourteen")
+    filecheck(logits + fourteen, """
+        # CHECK-LABEL: func.func @logits
+        # CHECK:         %[[R:.+]] = call @tori_packed_mm_1024x512x32000_nk_8x32_direct(
+        # CHECK:         %[[T:.+]] = "torch_c.from_builtin_tensor"(%[[R]]) : (tensor<1024x32000xf32>)
+        # CHECK:         torch.aten.view %[[T]]
+        # CHECK-LABEL: func.func @fourteen
+        # CHECK:         call @tori_packed_mm_1092x512x32000_nk_14x32_direct(
+        # CHECK-LABEL: func.func private @tori_packed_mm_1024x512x32000_nk_8x32_direct
+        # CHECK:         %[[A:.+]] = linalg.pack %arg0 {{.+}} inner_tiles = [8, 1] {{.+}} -> tensor<128x512x8x1xf32>
+        # CHECK:         %[[B:.+]] = linalg.pack %arg1 {{.+}} inner_tiles = [32, 1] {{.+}} -> tensor<1000x512x32x1xf32>
+        # CHECK:         %[[A3:.+]] = tensor.collapse_shape %[[A]] {{\[}}[0], [1], [2, 3]] : tensor<128x512x8x1xf32> into tensor<128x512x8xf32>
+        # CHECK:         %[[B3:.+]] = tensor.collapse_shape %[[B]] {{\[}}[0], [1], [2, 3]] : tensor<1000x512x32x1xf32> into tensor<1000x512x32xf32>
+        # CHECK:         %[[C:.+]] = linalg.fill
+        # CHECK:         %[[P:.+]] = linalg.generic {indexing_maps = [#{{[a-z0-9]+}}, #{{[a-z0-9]+}}, #{{[a-z0-9]+}}],
+        # CHECK-SAME:      iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction"]
+        # CHECK-SAME:      ins(%[[A3]], %[[B3]] : tensor<128x512x8xf32>, tensor<1000x512x32xf32>) outs(%[[C]] : tensor<128x8x1000x32xf32>)
+        # CHECK-SAME:      distribution = [64, 1, 0, 0, 0], vector_common_parallel = [1, 1, 8, 32, 0], vector_reduction = [0, 0, 0, 0, 1]
+        # CHECK-SAME:      pipeline = #iree_cpu.pipeline<DoubleTilingExpert>
+        # CHECK:         arith.mulf
+        # CHECK:         arith.addf
+        # CHECK:         %[[Y:.+]] = tensor.collapse_shape %[[P]] {{\[}}[0, 1], [2, 3]] : tensor<128x8x1000x32xf32> into tensor<1024x32000xf32>
+        # CHECK-NOT:     linalg.unpack
+        # CHECK:         return %[[Y]]
+        # CHECK-LABEL: func.func private @tori_packed_mm_1092x512x32000_nk_14x32_direct
+        # CHECK:         linalg.generic {{.+}} outs(%{{.+}} : tensor<78x14x1000x32xf32>)
+    """)
+
+
+def test_a_returned_result_that_no_tile_divides_or_that_an_op_also_reads_is_unpacked(filecheck):
+    # GPT-2's 50257 columns; a result returned and also read by a ReLU.
+    gpt2 = linear(1024, 768, 50257, returned=True).replace("@lin", "@gpt2")
+    x, w, out = t(1024, 512), t(512, 512), t(1024, 512)
+    filecheck(gpt2 + f"""
+        func.func @both(%arg0: {x}, %arg1: {w}) -> ({out}, {out}) {{
+          %0 = torch.aten.mm %arg0, %arg1 : {x}, {w} -> {out}
+          %1 = torch.aten.relu %0 : {out} -> {out}
+          return %0, %1 : {out}, {out}
+        }}
+    """, """
+        # CHECK-LABEL: func.func @gpt2
+        # CHECK:         call @tori_packed_mm_1024x768x50257_nk_13x32(
+        # CHECK-LABEL: func.func @both
+        # CHECK:         call @tori_packed_mm_1024x512x512_13x32(
+        # CHECK-LABEL: func.func private @tori_packed_mm_1024x768x50257_nk_13x32
+        # CHECK:         linalg.mmt4d
+        # CHECK:         linalg.unpack
+        # CHECK-NOT:     _direct
+    """)
 
 
 def test_few_rows_other_types_and_batched_matmuls_are_left_alone(filecheck):
@@ -255,5 +322,5 @@ def test_a_matmul_after_a_convolution_is_left_to_iree(filecheck):
         # CHECK:         torch.aten.convolution
         # CHECK:         %[[FIRST:.+]] = torch.aten.mm
         # CHECK:         "torch_c.to_builtin_tensor"(%[[FIRST]])
-        # CHECK:         call @tori_packed_mm_512x256x256_12x32(
+        # CHECK:         call @tori_packed_mm_512x256x256_8x32_direct(
     """)

@@ -47,11 +47,14 @@ def builtin_tensor(*dims: int, element: str = "f32") -> str:
 
 
 def located(lines: list[str], location: str) -> str:
-    """A function's lines joined, each op written on one line (not one that opens a
-    region) carrying `location` (the replaced op's, printed), so that IREE's dispatches
-    name the torch op they compute."""
-    return "\n".join(f"{line} {location}" if location and line.startswith("  %") and not line.endswith("{")
-                     and "linalg.reduce" not in line else line for line in lines)
+    """A function's lines joined, each op written on one line, or the line that closes
+    an op's region with its result type (`  } -> ...`), carrying `location` (the
+    replaced op's, printed), so that IREE's dispatches name the torch op they compute."""
+    def ends_op(line: str) -> bool:
+        return (line.startswith("  %") and not line.endswith("{") and "linalg.reduce" not in line) or \
+            line.startswith("  } ->")
+
+    return "\n".join(f"{line} {location}" if location and ends_op(line) else line for line in lines)
 
 
 def ops_named(op: ir.Operation, name: str) -> list[ir.Operation]:

@@ -41,6 +41,17 @@ packed: it becomes a call of a `linalg.matmul` with tori's tiles, which IREE's d
 tiling leaves alone, so that no pack joins the dispatch that computes its left operand
 (`ShallowMatmul`).
 
+A matmul whose result leaves the graph as it is (through views only: a language model's
+logits) is written in its own layout where a tile divides it (`direct_tile`): a
+contraction over the packed operands whose result is [row tiles, rows, column tiles,
+columns], the matmul's [M, N] as it lies, so that no unpack copies it. IREE fuses an
+unpack into the elementwise op that reads a result, but not into a return: Llama's
+logits at 8 sequences (1024 rows onto 32000 columns of 512) took 164-191 ms in 13x32
+tiles and 43-47 to unpack; written in their layout in 8x32 tiles 167, nothing after
+(`iree-benchmark-module`); Llama's prefill (one process, calls alternating) at 8
+sequences 329.7 -> 317.3 ms, at one 50.9 -> 47.7 (docs/performance.md). A tile that
+pads the result cannot: its slice back to [M, N] was a copy of the same size.
+
 Never changes: batched matmuls, matmuls of fewer rows (a decoding step's), matmuls
 whose left operand a convolution computes (CONVOLUTION_DEPTH), dynamic shapes, other
 element types, and every module when `rows` is 0.
@@ -64,6 +75,7 @@ from torch_mlir import ir
 
 from tori.passes.builtin_calls import (builtin_tensor, call_private_function, f32_shape, int_pair, located,
                                       ops_named, owner_named)
+from tori.passes.matching import users
 from tori.passes.registry import register_pass
 from tori.targets.kernel_configs import cpu_compilation_info
 
@@ -138,6 +150,13 @@ SHALLOW_MIN_ROWS = 1024
 # took 7.7 ms in vectors of 32 columns against IREE's 4.2 (the model 4-5% slower),
 # and vector tiles of 48 or 96 columns ran 50 ms standalone (100352 rows).
 SHALLOW_COLUMNS = (16, 32, 64)
+
+# The rows of a tile that a result written in its layout falls back on where none of
+# the CPU's rows (less up to FEWER_ROWS) divides it: 8 divides every batch of 8.
+DIRECT_FALLBACK_ROWS = 8
+# The ops through which a matmul's result may reach the graph's return and still be
+# written in its layout.
+_VIEWS = ("torch.aten.view", "torch.aten.reshape", "torch.aten._unsafe_view")
 SHALLOW_ROWS = 512
 SHALLOW_VECTOR_ROWS = 4
 
@@ -152,6 +171,7 @@ class PackedMatmul:
     rows: int          # the tile's rows of the left operand
     cols: int          # the tile's columns of the right operand
     weight_nk: bool    # the right operand given as its [N, K] transpose
+    direct: bool = False  # the result written as [M, N] lies (`direct_tile`), not unpacked
 
     @property
     def distribution(self) -> tuple[int, int]:
@@ -166,15 +186,19 @@ class PackedMatmul:
 
     def _compilation_info(self) -> str:
         """IREE's configuration of the mmt4d: its own pipeline and vector tiles, with
-        `distribution`'s workgroups."""
+        `distribution`'s workgroups; of the direct form's contraction (loops: row tiles,
+        column tiles, rows, columns, reduction), the same tiles."""
         rows, cols = self.distribution
+        if self.direct:
+            return cpu_compilation_info((rows, cols, 0, 0, 0), (1, 1, self.rows, self.cols, 0), (0, 0, 0, 0, 1))
         return cpu_compilation_info((rows, cols, 0, 0, 0, 0), (1, 1, 0, self.rows, self.cols, 0), (0, 0, 1, 0, 0, 1),
                                     pipeline="Mmt4dTilingExpert")
 
     @property
     def name(self) -> str:
         layout = "_nk" if self.weight_nk else ""
-        return f"tori_packed_mm_{self.m}x{self.k}x{self.n}{layout}_{self.rows}x{self.cols}"
+        direct = "_direct" if self.direct else ""
+        return f"tori_packed_mm_{self.m}x{self.k}x{self.n}{layout}_{self.rows}x{self.cols}{direct}"
 
     def function(self, location: str = "") -> str:
         """The private function's MLIR text; its ops carry `location` (the matmul's,
@@ -196,16 +220,40 @@ class PackedMatmul:
             f"  %b0 = tensor.empty() : {packed_right}",
             f"  %b = linalg.pack %w padding_value(%zero : f32) {right_dims} inner_tiles = [{cols}, 1] "
             f"into %b0 : {right} -> {packed_right}",
+        ]
+        ops += self._direct_product(m1, n1) if self.direct else [
             f"  %c0 = tensor.empty() : {packed_out}",
             f"  %c1 = linalg.fill ins(%zero : f32) outs(%c0 : {packed_out}) -> {packed_out}",
             f"  %c = linalg.mmt4d {{compilation_info = {self._compilation_info()}}} ins(%a, %b : {packed_left}, {packed_right}) outs(%c1 : {packed_out}) -> {packed_out}",
             f"  %y0 = tensor.empty() : {builtin_tensor(m, n)}",
             f"  %y = linalg.unpack %c inner_dims_pos = [0, 1] inner_tiles = [{rows}, {cols}] into %y0 "
             f": {packed_out} -> {builtin_tensor(m, n)}",
-            f"  return %y : {builtin_tensor(m, n)}",
-            "}",
         ]
+        ops += [f"  return %y : {builtin_tensor(m, n)}", "}"]
         return located(ops, location)
+
+    def _direct_product(self, m1: int, n1: int) -> list[str]:
+        """The direct form's ops after the packs: the contraction of the packed operands
+        %a and %b into [M / rows, rows, N / cols, cols], collapsed into %y, [M, N]."""
+        k, rows, cols = self.k, self.rows, self.cols
+        left, right = builtin_tensor(m1, k, rows), builtin_tensor(n1, k, cols)
+        out = builtin_tensor(m1, rows, n1, cols)
+        maps = ", ".join(f"affine_map<(i, j, r, c, k) -> ({dims})>" for dims in ("i, k, r", "j, k, c", "i, r, j, c"))
+        return [
+            f"  %a3 = tensor.collapse_shape %a [[0], [1], [2, 3]] : {builtin_tensor(m1, k, rows, 1)} into {left}",
+            f"  %b3 = tensor.collapse_shape %b [[0], [1], [2, 3]] : {builtin_tensor(n1, k, cols, 1)} into {right}",
+            f"  %c0 = tensor.empty() : {out}",
+            f"  %c1 = linalg.fill ins(%zero : f32) outs(%c0 : {out}) -> {out}",
+            f"  %c = linalg.generic {{indexing_maps = [{maps}], iterator_types = [\"parallel\", \"parallel\", "
+            f"\"parallel\", \"parallel\", \"reduction\"], compilation_info = {self._compilation_info()}}} "
+            f"ins(%a3, %b3 : {left}, {right}) outs(%c1 : {out}) {{",
+            "  ^bb0(%p: f32, %q: f32, %acc: f32):",
+            "    %t = arith.mulf %p, %q : f32",
+            "    %s = arith.addf %acc, %t : f32",
+            "    linalg.yield %s : f32",
+            f"  }} -> {out}",
+            f"  %y = tensor.collapse_shape %c [[0, 1], [2, 3]] : {out} into {builtin_tensor(self.m, self.n)}",
+        ]
 
 
 @dataclass(frozen=True)
@@ -273,6 +321,21 @@ def tile_rows(m: int, rows: int) -> int:
     return min(range(max(1, rows - FEWER_ROWS), rows + 1), key=lambda r: (-(-m // r) * r, -r))
 
 
+def direct_tile(m: int, n: int, rows: int, cols: int) -> int | None:
+    """The rows of a tile of `cols` columns that divides an [m, n] result (the CPU's
+    `rows`, up to FEWER_ROWS fewer, else DIRECT_FALLBACK_ROWS), else None."""
+    if n % cols:
+        return None
+    return next((r for r in (*range(rows, rows - FEWER_ROWS - 1, -1), DIRECT_FALLBACK_ROWS) if m % r == 0), None)
+
+
+def _returned(value: ir.Value) -> bool:
+    """Whether every use of `value` is the function's return or a view that is."""
+    uses = users(value)
+    return bool(uses) and all(
+        op.name == "func.return" or (op.name in _VIEWS and _returned(op.results[0])) for op in uses)
+
+
 def _transposed(value: ir.Value) -> ir.Value | None:
     """The [N, K] tensor that `value` is `permute([1, 0])` of, else None."""
     permute = owner_named(value, "torch.aten.permute")
@@ -305,7 +368,9 @@ def matmul_form(op: ir.Operation, rows: int, cols: int) -> tuple[PackedMatmul, l
     if m < rows or n < cols or not packable(m, k, n) or _fed_by_convolution(x):
         return None
     weight = _transposed(right)
-    form = PackedMatmul(m, k, n, tile_rows(m, rows), cols, weight_nk=weight is not None)
+    direct_rows = direct_tile(m, n, rows, cols) if _returned(op.results[0]) else None
+    form = PackedMatmul(m, k, n, direct_rows or tile_rows(m, rows), cols, weight_nk=weight is not None,
+                        direct=direct_rows is not None)
     return form, [x, weight if weight is not None else right]
 
 
