@@ -218,6 +218,37 @@ def test_logits_are_written_in_their_layout_and_match_eager(sequences, rows):
     assert direct in graph.stages["vmfb"] and b"unpack" not in graph.stages["vmfb"]
 
 
+@pytest.mark.skipif(not _AVX512_HOST, reason="tori's convolution tiles are for AVX-512 CPUs; this one has none")
+def test_direct_convolutions_of_whole_tiles_get_tori_tiles_and_match_eager():
+    # IREE's direct channels-last kernel in 14 output columns by 32 channels (a tuning
+    # spec, kernel_configs.direct_convolution) for 3x3 convolutions of 64 channels at
+    # 56x56 and a strided one onto 32 channels at 28x28; one of 24 channels (a RegNet
+    # group's: far slower in that tile) keeps IREE's own.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(24, 64, 3, 1, 1), nn.BatchNorm2d(64), nn.ReLU(),
+                          nn.Conv2d(64, 64, 3, 1, 1), nn.ReLU(),
+                          nn.Conv2d(64, 32, 3, 2, 1), nn.ReLU(),
+                          nn.Conv2d(32, 24, 3, 1, 1)).eval()
+    with torch.no_grad():
+        assert_matches_eager(model, torch.randn(4, 24, 56, 56), options={"cache": False}, rtol=1e-4, atol=1e-4)
+    from tori.targets.iree_compile import IreeInvocation, run_iree_compile
+
+    graph = tori.last_compile().graphs[0]
+    spec = next(f.split("=", 1)[1] for f in graph.iree_invocation.flags if f.startswith("--iree-codegen-tuning-spec-path"))
+    matchers = sorted(re.findall(r"@(direct_convolution_\w+)\(", open(spec).read()))
+    assert matchers == ["direct_convolution_s1_56x64", "direct_convolution_s2_28x32"]
+    configured = IreeInvocation((*graph.iree_invocation.flags, "--compile-to=executable-configurations"))
+    text = run_iree_compile(graph.iree_bytecode, configured, graph="configured", timeout_s=300).decode()
+    tiles = {}
+    for executable in text.split("hal.executable private @")[1:]:
+        found = re.search(r"conv_4x(\d+x\d+x\d+)x3x3x\d+_f32", executable)
+        if found:
+            tiles[found.group(1)] = re.findall(r"vector_common_parallel = (\[[0-9, ]+\])", executable)
+    assert tiles["56x56x64"] == ["[1, 1, 14, 32, 0, 0, 0]"], tiles
+    assert tiles["28x28x32"] == ["[1, 1, 14, 32, 0, 0, 0]"], tiles
+    assert "[1, 1, 14, 32, 0, 0, 0]" not in tiles["28x28x24"], tiles
+
+
 @pytest.mark.skipif(not _AVX512_HOST, reason="tori's packed tiles are for AVX-512 CPUs; this one has none")
 def test_shallow_one_by_one_convolutions_match_eager_unpacked():
     # MobileNetV3's first block at a smaller image: a depthwise convolution of 16

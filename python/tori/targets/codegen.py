@@ -13,9 +13,8 @@ from __future__ import annotations
 
 import enum
 import math
-from collections import Counter
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable
 
 import torch
 import torch.fx
@@ -23,8 +22,9 @@ import torch.fx
 from tori.config import Codegen, Options
 from tori.passes.packed_matmul import packable
 from tori.targets import Target
-from tori.targets.kernel_configs import (NARROW_BATCH_MATMUL, NARROW_ROWS, PACKED_EXPONENTIALS, SPEC_FLAG,
-                                         TUNING_SPEC_FLAG, KernelConfig, spec_path, tuning_spec_path)
+from tori.targets.kernel_configs import (DIRECT_CONV_TILE, NARROW_BATCH_MATMUL, NARROW_ROWS, PACKED_EXPONENTIALS, SPEC_FLAG,
+                                         TUNING_SPEC_FLAG, KernelConfig, direct_convolution, spec_path,
+                                         tuning_spec_path)
 
 _aten = torch.ops.aten
 
@@ -78,6 +78,8 @@ class Rule:
     # chooses each dispatch's configuration (targets/kernel_configs.py's tuning specs),
     # merged, in table order, into one tuning spec.
     tuning: tuple[str, ...] = ()
+    # Tuning matchers for the family's ops by their shapes: each op's, or None.
+    shaped_tuning: Callable[[torch.fx.Node], str | None] | None = None
     evidence: str = ""
 
 
@@ -127,19 +129,40 @@ PACKED_EVIDENCE = (
     "1576x384x1536 alone as linalg.mmt4d 8.4-8.9 ms in 16x16 tiles, 7.4 in 14x32 or 12x32, 9.0 in 8x32, "
     "9.7 in 6x64 (eager 5.6); the MLP with its GELU 18.6 -> 15.8 ms")
 
+
+def _direct_convolution_tuning(node: torch.fx.Node) -> str | None:
+    """The tuning matcher that gives a float32 convolution IREE's direct kernel in
+    tori's tile (kernel_configs.direct_convolution): one of stride 1 or 2, no dilation,
+    a kernel larger than 1x1 (1x1 convolutions are matmuls), its output columns and
+    channels whole tiles; else None."""
+    out, weight, value = _shape(node), _shape(node.args[1]), node.meta.get("val")
+    stride, dilation = tuple(node.args[3]), tuple(node.args[5])
+    if out is None or weight is None or len(out) != 4 or value.dtype != torch.float32 or weight[2:] == (1, 1):
+        return None
+    if set(dilation) != {1} or len(set(stride)) != 1 or stride[0] not in (1, 2):
+        return None
+    columns, channels = out[3], out[1]
+    rows, lanes = DIRECT_CONV_TILE
+    return direct_convolution(stride[0], columns, channels) if columns % rows == 0 and channels % lanes == 0 else None
+
+
 # Measured with benchmarks/bench_models.py and iree-profile (docs/performance.md,
 # "Code generation per op family"); batch 1, 224x224 images, 2 cores.
 RULES: tuple[Rule, ...] = (
     Rule(Target.CPU, Family.CONV2D, "channels-last convolutions, data-tiled matmuls",
          flags=(_DATA_TILING,), preprocessing=(_CHANNELS_LAST,), min_gflop=0.1,
-         cpu_features=DIRECT_CONVOLUTION_FEATURES,
+         cpu_features=DIRECT_CONVOLUTION_FEATURES, shaped_tuning=_direct_convolution_tuning,
          evidence="IREE's direct channels-last convolution against img2col and a data-tiled matmul, 8 images (AMD "
                   "EPYC with AVX-512, 2026-12-03): two 3x3 convolutions with BatchNorm and ReLU, 64 channels at "
                   "56x56 20.4 ms against 67.5 (img2col's columns alone 14-19 ms each), 128 at 28x28 19.0 against "
                   "104.7, 256 at 14x14 20.1 against 137.3, 512 at 7x7 27.9 against 42.4; ResNet-18 at batch 8 "
                   "0.61-0.71x eager's time before, 1.21-1.26x after. 1x1 convolutions reach IREE as matmuls "
                   "(frontend/decomp/grouped_conv.py), which data tiling packs. For an AVX2 CPU (haswell) the "
-                  "direct kernel ran ResNet-18 at batch 8 in 6343 ms against img2col's 911: hence AVX-512 only"),
+                  "direct kernel ran ResNet-18 at batch 8 in 6343 ms against img2col's 911: hence AVX-512 only. Its "
+                  "convolutions of whole 14x32 tiles get that register tile (a tuning spec, "
+                  "kernel_configs.direct_convolution; Intel Xeon, 2026-12-06, one process, calls alternating): "
+                  "ResNet-18 at 8 images 211.5 -> 176.6 ms (faster in 108 of 109 pairs), at one 33.0 -> 29.7; "
+                  "ResNet-50 467.6 -> 428.5 and 66.6 -> 63.6"),
     Rule(Target.CPU, Family.CONV2D, "channels-last, img2col, data-tiled matmul",
          flags=(_DATA_TILING,), preprocessing=(_CHANNELS_LAST, _IMG2COL), min_gflop=0.1,
          evidence="ResNet-18 (3.6 GFLOP): 84.5 ms by default, 46.4 with channels-last and img2col, 28.0 with data "
@@ -336,25 +359,39 @@ def _read_by_matmul(node: torch.fx.Node) -> bool:
     return False
 
 
+def _family(node: torch.fx.Node) -> Family | None:
+    """The op family of one node of a functional ATen graph, None for other ops."""
+    if node.op != "call_function":
+        return None
+    if node.target is _aten.convolution.default:
+        return _conv_family(node)
+    if node.target in MATMUL_OPS:
+        return Family.NARROW_BATCH_MATMUL if _narrow(node) else Family.WIDE_MATMUL if _wide(node) \
+            else Family.FLOAT_MATMUL if _packable(node) else Family.MATMUL
+    if node.target is _aten.exp.default and _packed_exponentials(node):
+        return Family.ATTENTION
+    return None
+
+
+def _family_ops(graphs: torch.fx.GraphModule | Iterable[torch.fx.GraphModule]) -> dict[Family, list[torch.fx.Node]]:
+    """The ops of each family in functional ATen graphs, in order."""
+    found: dict[Family, list[torch.fx.Node]] = {}
+    graphs = [graphs] if isinstance(graphs, torch.fx.GraphModule) else list(graphs)
+    for node in (n for gm in graphs for n in gm.graph.nodes):
+        family = _family(node)
+        if family is not None:
+            found.setdefault(family, []).append(node)
+    return found
+
+
 def op_families(graphs: torch.fx.GraphModule | Iterable[torch.fx.GraphModule]) -> tuple[FamilyUse, ...]:
     """The op families in functional ATen graphs (compiled into one module), with their
     op counts and work."""
-    ops: Counter = Counter()
-    flops: Counter = Counter()
-    graphs = [graphs] if isinstance(graphs, torch.fx.GraphModule) else list(graphs)
-    for node in (n for gm in graphs for n in gm.graph.nodes if n.op == "call_function"):
-        family = None
-        if node.target is _aten.convolution.default:
-            family = _conv_family(node)
-        elif node.target in MATMUL_OPS:
-            family = Family.NARROW_BATCH_MATMUL if _narrow(node) else Family.WIDE_MATMUL if _wide(node) \
-                else Family.FLOAT_MATMUL if _packable(node) else Family.MATMUL
-        elif node.target is _aten.exp.default and _packed_exponentials(node):
-            family = Family.ATTENTION
-        if family is not None:
-            ops[family] += 1
-            flops[family] += _flops(node)
-    return tuple(FamilyUse(f, ops[f], flops[f] / 1e9) for f in Family if ops[f])
+    return _uses(_family_ops(graphs))
+
+
+def _uses(found: dict[Family, list[torch.fx.Node]]) -> tuple[FamilyUse, ...]:
+    return tuple(FamilyUse(f, len(found[f]), sum(_flops(n) for n in found[f]) / 1e9) for f in Family if f in found)
 
 
 def _flag_name(flag: str) -> str:
@@ -400,7 +437,8 @@ def packed_attention_lanes(options: Options) -> int:
 def choose(graphs: torch.fx.GraphModule | Iterable[torch.fx.GraphModule], options: Options,
            targets: tuple[Target, ...]) -> Strategy:
     """The strategy for the module of `graphs` compiled for `targets` with `options`."""
-    uses = op_families(graphs)
+    ops = _family_ops(graphs)
+    uses = _uses(ops)
     if options.codegen is Codegen.NONE or not uses:
         return Strategy(uses)
     work = {u.family: u.gflop for u in uses}
@@ -424,7 +462,8 @@ def choose(graphs: torch.fx.GraphModule | Iterable[torch.fx.GraphModule], option
         kernels = tuple(k for r in mine for k in r.kernels)
         if kernels:
             chosen.append(f"{SPEC_FLAG}={spec_path(kernels)}")
-        tuning = tuple(dict.fromkeys(t for r in mine for t in r.tuning))
+        shaped = (r.shaped_tuning(n) for r in mine if r.shaped_tuning for n in ops.get(r.family, ()))
+        tuning = tuple(dict.fromkeys((*(t for r in mine for t in r.tuning), *(t for t in shaped if t))))
         if tuning:
             chosen.append(f"{TUNING_SPEC_FLAG}={tuning_spec_path(tuning)}")
         chosen = [f for f in chosen if _flag_name(f) not in user_flags]

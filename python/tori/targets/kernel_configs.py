@@ -167,6 +167,52 @@ PACKED_EXPONENTIALS = """
   }"""
 
 
+# IREE's direct channels-last convolutions (after its conversion to channels last, a
+# linalg.generic over [N, OH, OW, OC] reducing over the kernel's [KH, KW, C]) in a
+# vector tile of 14 output columns by 32 output channels (28 of AVX-512's 32 registers
+# accumulate, as in tori's packed matmuls), one input channel a step, workgroups of 7
+# output rows by 56 columns by 64 channels. IREE's own tile, 7 or 8 columns by 16
+# channels over steps of 8 input channels, loads a vector of weights per 7 or 8 FMAs.
+# ResNet-18's 3x3 convolutions at 8 images (`iree-profile`): 64 channels at 56x56
+# 14.4-14.7 -> 8.9-9.3 ms, 128 at 28x28 15.3-15.6 -> 9.2-9.5, its 7x7 stem 14.3 -> 8.6.
+# Only convolutions whose output columns and channels are whole tiles: 24 channels (a
+# RegNet group's) took 56.8 ms in it at 56x56 against IREE's 2.9 (docs/performance.md).
+DIRECT_CONV_TILE = (14, 32)
+_DIRECT_CONV_WORKGROUP = (7, 56, 64)
+
+
+def direct_convolution(stride: int, columns: int, channels: int) -> str:
+    """The tuning matcher of IREE's direct convolutions of `stride` (both dims),
+    `columns` output columns and `channels` output channels, any kernel and batch
+    (DIRECT_CONV_TILE must divide columns and channels)."""
+    step = "" if stride == 1 else f" * {stride}"
+    maps = (f"affine_map<(d0, d1, d2, d3, d4, d5, d6) -> (d0, d1{step} + d4, d2{step} + d5, d6)>, "
+            "affine_map<(d0, d1, d2, d3, d4, d5, d6) -> (d4, d5, d6, d3)>, "
+            "affine_map<(d0, d1, d2, d3, d4, d5, d6) -> (d0, d1, d2, d3)>")
+    rows, width, depth = _DIRECT_CONV_WORKGROUP
+    info = cpu_compilation_info((1, rows, width, depth, 0, 0, 0), (1, 1, *DIRECT_CONV_TILE, 0, 0, 0),
+                                (0, 0, 0, 0, 1, 1, 1), pipeline="ConvTileAndDecomposeExpert")
+    image, weight, out = "tensor<?x?x?x?xf32>", f"tensor<?x?x?x{channels}xf32>", f"tensor<?x?x{columns}x{channels}xf32>"
+    # IREE's conversion keeps the maps it built the op with as `linalg.memoized_indexing_maps`.
+    return f"""
+  transform.named_sequence @direct_convolution_s{stride}_{columns}x{channels}(%op: !transform.any_op {{transform.readonly}})
+      -> (!transform.any_op, !transform.any_param) {{
+    %ins, %outs = transform.iree.match.cast_compatible_dag_from_root %op {{
+    ^bb0(%x: {image}, %w: {weight}, %o: {out}):
+      %0 = linalg.generic {{indexing_maps = [{maps}],
+                           iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction", "reduction", "reduction"]}}
+          ins(%x, %w : {image}, {weight}) outs(%o : {out}) attrs = {{linalg.memoized_indexing_maps = [{maps}]}} {{
+      ^bb0(%a: f32, %b: f32, %c: f32):
+        %1 = arith.mulf %a, %b : f32
+        %2 = arith.addf %c, %1 : f32
+        linalg.yield %2 : f32
+      }} -> {out}
+    }} : (!transform.any_op) -> (!transform.any_value, !transform.any_value)
+    %info = transform.param.constant {info} -> !transform.any_param
+    transform.yield %op, %info : !transform.any_op, !transform.any_param
+  }}"""
+
+
 def _matcher_name(matcher: str) -> str:
     return matcher.split("@", 1)[1].split("(", 1)[0]
 
