@@ -218,6 +218,26 @@ def test_logits_are_written_in_their_layout_and_match_eager(sequences, rows):
     assert direct in graph.stages["vmfb"] and b"unpack" not in graph.stages["vmfb"]
 
 
+def test_the_convolution_tile_needs_half_the_convolution_work():
+    # The tile's tuning spec puts IREE's configuration on one thread: a graph whose whole
+    # tiles are a small part of its convolutions (RegNetY's stem beside its 24-channel
+    # groups) goes without it.
+    def tuning(model, x):
+        with torch.no_grad():
+            graph = _aten_graph(model.eval(), x)
+        flags = choose(graph, Options(cpu="skylake-avx512"), (Target.CPU,)).flags_for(Target.CPU)
+        spec = [f.split("=", 1)[1] for f in flags if f.startswith("--iree-codegen-tuning-spec-path")]
+        return sorted(re.findall(r"@(direct_convolution_\w+)\(", open(spec[0]).read())) if spec else []
+
+    stem = nn.Conv2d(3, 32, 3, 2, 1)
+    groups = [nn.Conv2d(32 if i == 0 else 24, 24, 3, 1, 1) for i in range(3)]  # 24 channels: no whole tiles
+    assert tuning(stem, torch.randn(8, 3, 224, 224)) == ["direct_convolution_s2_112x32"]
+    assert tuning(nn.Sequential(stem, nn.ReLU(), *groups), torch.randn(8, 3, 224, 224)) == []
+    # Output columns that are not whole tiles (32, dilation) keep IREE's tile.
+    assert tuning(nn.Conv2d(64, 64, 3, 1, 1), torch.randn(8, 64, 32, 32)) == []
+    assert tuning(nn.Conv2d(64, 64, 3, 1, 2, dilation=2), torch.randn(8, 64, 56, 56)) == []
+
+
 @pytest.mark.skipif(not _AVX512_HOST, reason="tori's convolution tiles are for AVX-512 CPUs; this one has none")
 def test_direct_convolutions_of_whole_tiles_get_tori_tiles_and_match_eager():
     # IREE's direct channels-last kernel in 14 output columns by 32 channels (a tuning

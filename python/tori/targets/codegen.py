@@ -434,6 +434,24 @@ def packed_attention_lanes(options: Options) -> int:
     return ATTENTION_LANES if "+avx512f" in cpu_features(options.cpu) else 0
 
 
+# A rule's shaped tuning applies where the ops it configures do at least this share of
+# its family's work: the tuning spec puts IREE's configuration phase on one thread
+# (targets/iree_compile.py). RegNetY-1.6GF at 8 images, whose stem alone took the direct
+# convolutions' tile (a few percent of its convolutions' work): no faster (232.9 against
+# 233.9 ms, one process, calls alternating), iree-compile 26.1-26.5 -> 29.0-31.3 s.
+SHAPED_TUNING_MIN_SHARE = 0.5
+
+
+def _shaped_tuning(rule: Rule, nodes: list[torch.fx.Node]) -> list[str]:
+    """The rule's tuning matchers for its family's ops, or none where the ops they
+    configure do less than SHAPED_TUNING_MIN_SHARE of the family's work."""
+    matched = [(rule.shaped_tuning(n), _flops(n)) for n in nodes]
+    tuned = sum(flop for matcher, flop in matched if matcher)
+    if tuned == 0 or tuned < SHAPED_TUNING_MIN_SHARE * sum(flop for _, flop in matched):
+        return []
+    return [matcher for matcher, _ in matched if matcher]
+
+
 def choose(graphs: torch.fx.GraphModule | Iterable[torch.fx.GraphModule], options: Options,
            targets: tuple[Target, ...]) -> Strategy:
     """The strategy for the module of `graphs` compiled for `targets` with `options`."""
@@ -462,8 +480,8 @@ def choose(graphs: torch.fx.GraphModule | Iterable[torch.fx.GraphModule], option
         kernels = tuple(k for r in mine for k in r.kernels)
         if kernels:
             chosen.append(f"{SPEC_FLAG}={spec_path(kernels)}")
-        shaped = (r.shaped_tuning(n) for r in mine if r.shaped_tuning for n in ops.get(r.family, ()))
-        tuning = tuple(dict.fromkeys((*(t for r in mine for t in r.tuning), *(t for t in shaped if t))))
+        shaped = (t for r in mine if r.shaped_tuning for t in _shaped_tuning(r, ops.get(r.family, [])))
+        tuning = tuple(dict.fromkeys((*(t for r in mine for t in r.tuning), *shaped)))
         if tuning:
             chosen.append(f"{TUNING_SPEC_FLAG}={tuning_spec_path(tuning)}")
         chosen = [f for f in chosen if _flag_name(f) not in user_flags]
