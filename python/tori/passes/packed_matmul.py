@@ -150,6 +150,8 @@ SHALLOW_MIN_ROWS = 1024
 # took 7.7 ms in vectors of 32 columns against IREE's 4.2 (the model 4-5% slower),
 # and vector tiles of 48 or 96 columns ran 50 ms standalone (100352 rows).
 SHALLOW_COLUMNS = (16, 32, 64)
+SHALLOW_ROWS = 512
+SHALLOW_VECTOR_ROWS = 4
 
 # The rows of a tile that a result written in its layout falls back on where none of
 # the CPU's rows (less up to FEWER_ROWS) divides it: 8 divides every batch of 8.
@@ -157,8 +159,6 @@ DIRECT_FALLBACK_ROWS = 8
 # The ops through which a matmul's result may reach the graph's return and still be
 # written in its layout.
 _VIEWS = ("torch.aten.view", "torch.aten.reshape", "torch.aten._unsafe_view")
-SHALLOW_ROWS = 512
-SHALLOW_VECTOR_ROWS = 4
 
 
 @dataclass(frozen=True)
