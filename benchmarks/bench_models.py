@@ -95,6 +95,7 @@ def measure_one(name: str, batch: int, seconds: float, tori_options: dict, induc
 # (48 positions), and a 2048-position cache, as a chat application holds one: each step
 # attends over every cached position and writes one row of every layer's cache.
 DECODE_ROWS = {"llama_decode": None, "llama_decode_2k": 2048}
+DECODE_WARMUP_RUNS = 2
 
 
 def measure_decode(seconds: float, tori_options: dict, inductor: bool, new_tokens: int = 32,
@@ -124,7 +125,7 @@ def measure_decode(seconds: float, tori_options: dict, inductor: bool, new_token
     eager_forward = model.forward
     backends = {"eager": None, **({"inductor": {}} if inductor else {}),
                 "tori": {"backend": "tori", "options": {"fallback": "error", **tori_options}}}
-    per_token, forward_ms, tokens, first_s = {}, {}, {}, {}
+    tokens, first_s = {}, {}
     in_forward = [0.0]
 
     def timed(forward):
@@ -136,21 +137,39 @@ def measure_decode(seconds: float, tori_options: dict, inductor: bool, new_token
                 in_forward[0] += time.perf_counter() - start
         return call
 
-    for config, compile_args in backends.items():
-        torch._dynamo.reset()
-        model.forward = timed(eager_forward if compile_args is None else torch.compile(eager_forward, **compile_args))
+    # Each configuration's forward is compiled (its first generate() timed in full), then
+    # the configurations take turns in rounds, as the inference rows do: the machine's
+    # drift over a run falls on all of them alike.
+    torch._dynamo.reset()
+    forwards = {config: timed(eager_forward if compile_args is None else torch.compile(eager_forward, **compile_args))
+                for config, compile_args in backends.items()}
+    for config, forward in forwards.items():
+        model.forward = forward
         start = time.perf_counter()
         tokens[config] = generate()
         first_s[config] = time.perf_counter() - start
-        runs, forwards = [], []
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end or len(runs) < 3:
-            in_forward[0] = 0.0
-            start = time.perf_counter()
+    for config, forward in forwards.items():  # warm-up: recompiles, tori's driver choice
+        model.forward = forward
+        for _ in range(DECODE_WARMUP_RUNS):
             generate()
-            runs.append((time.perf_counter() - start) / new_tokens * 1e3)
-            forwards.append(in_forward[0] / new_tokens * 1e3)
-        per_token[config], forward_ms[config] = statistics.median(runs), statistics.median(forwards)
+    runs: dict[str, list[float]] = {c: [] for c in forwards}
+    in_forwards: dict[str, list[float]] = {c: [] for c in forwards}
+    for _ in range(ROUNDS):
+        for config, forward in forwards.items():
+            model.forward = forward
+            end = time.perf_counter() + seconds / ROUNDS
+            while time.perf_counter() < end or not runs[config]:
+                in_forward[0] = 0.0
+                before = tori.counters.snapshot()
+                start = time.perf_counter()
+                generate()
+                served = tori.counters.since(before)
+                if config == "tori" and (served.fallback_calls or served.compiled_calls < new_tokens):
+                    raise RuntimeError(f"tori did not run every forward of generate() compiled: {served}")
+                runs[config].append((time.perf_counter() - start) / new_tokens * 1e3)
+                in_forwards[config].append(in_forward[0] / new_tokens * 1e3)
+    per_token = {c: statistics.median(t) for c, t in runs.items()}
+    forward_ms = {c: statistics.median(t) for c, t in in_forwards.items()}
     model.forward = eager_forward
     identical = all(torch.equal(tokens["eager"], t) for t in tokens.values())
     if not identical:
@@ -163,14 +182,16 @@ def measure_decode(seconds: float, tori_options: dict, inductor: bool, new_token
     from tori.runtime.compiled_graph import CompiledGraph
     from tori.tools.profile import memory_read_gbps
 
-    drivers = sorted({g.compiled.driver for r in tori.compile_records() for g in r.graphs
-                      if isinstance(g.compiled, CompiledGraph) and g.compiled.driver})
+    choices = {g.name: g.compiled.driver_choice for r in tori.compile_records() for g in r.graphs
+               if isinstance(g.compiled, CompiledGraph) and g.compiled.driver_choice}
+    drivers = sorted({c.driver for c in choices.values()})
     memory = memory_read_gbps()
     return {"model": name, "batch": 1, "cache_length": cache_length or prompt.shape[1] + new_tokens,
             "median_ms": per_token, "first_call_s": first_s,
             # Per token, the compiled forward's share (Dynamo's guards and wrappers included);
             # the rest is generate()'s own eager work (sampling, stopping criteria, cache positions).
             "forward_ms": forward_ms, "tori_drivers": drivers,
+            "tori_driver_choices": {name: f"{c.driver}: {c.reason}" for name, c in choices.items()},
             "tokens_identical": identical, "weights_read_mb": read / 1e6,
             "gb_per_s_tori": read / (forward_ms["tori"] * 1e-3) / 1e9, "memory_read_gb_per_s": memory,
             "memory_fraction_tori": read / (forward_ms["tori"] * 1e-3) / 1e9 / memory,
