@@ -12,6 +12,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import tori
 import tori.frontend.backend as backend
 from tori.errors import IndexOutOfRangeError
+from tori.frontend.input_checks import InputChecks
 from tori.frontend.weight_prologue import Ref, program
 from tori.testing import count_graphs
 
@@ -111,3 +112,49 @@ def test_equal_steps_are_kept_once_but_numbers_keep_their_types():
     for actual, expected in zip(found.run([x]), numbers(x)):
         assert actual.dtype == expected.dtype and torch.equal(actual, expected)
     assert str(found.run([x])[4]) == str(x * -0.0)  # the signs of the zeros
+
+
+def _checks(fn, *examples):
+    """The checks tori hoists out of `fn`'s graph."""
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="tori", options={"fallback": "error", "cache": False})
+    with torch.no_grad():
+        compiled(*examples)
+    return _graph().compiled.signature.input_checks
+
+
+@pytest.mark.parametrize("token, position", [(7, 0), (49, 5), (50, 1), (3, 6), (3, -1), (-1, 2)])
+def test_the_conditions_run_in_numpy_as_in_pytorch(token, position):
+    checks = _checks(CacheStep(), torch.tensor([4]), torch.tensor([2]))
+    assert checks.in_numpy is not None  # every step of the bounds checks has a NumPy form
+    args = [torch.tensor([token]), torch.tensor([position])]
+    found = _graph().compiled.signature.args
+    full = [args.pop(0) if kind.value == "tensor" else None for kind in found]
+    expected = [bool(v) for v in checks.conditions.run(full)]
+    assert [bool(v) for v in checks.in_numpy(full)] == expected
+    assert [bool(v) for v in checks.results(full)] == expected
+    assert expected == [0 <= token < 50, 0 <= position < 6]
+
+
+def test_a_float_scalar_or_argument_leaves_the_conditions_to_pytorch():
+    def scaled(x):
+        return ((x * 0.5).amax() < 3,)
+
+    def shifted(x):
+        return (x.amin() + 1 >= 0,)
+
+    x = torch.tensor([2, -3])
+    for fn, numpy_form in ((scaled, False), (shifted, True)):
+        gm = make_fx(fn)(x)
+        found = program(gm, {gm.graph.find_nodes(op="placeholder")[0]: Ref(0, input=True)},
+                        list(gm.graph.output_node().args[0]))
+        checks = InputChecks(found, ("a",))
+        assert (checks.in_numpy is not None) == numpy_form
+        for value in (x, torch.tensor([2.5, -0.5]), torch.tensor([], dtype=torch.int64)):
+            try:
+                expected = [bool(v) for v in found.run([value])]
+            except Exception as error:  # an empty tensor's minimum: PyTorch's error stands
+                with pytest.raises(type(error)):
+                    checks.results([value])
+                continue
+            assert [bool(v) for v in checks.results([value])] == expected

@@ -65,14 +65,21 @@ class Prologue:
 
     @cached_property
     def _code(self) -> Callable:
-        """The steps as one Python function of the arguments: a program runs on every call
-        of its graph (frontend/input_checks.py), where resolving each step's op and
-        arguments anew cost more than the ops themselves."""
+        return self.function(_overload)
+
+    def function(self, op_for: Callable[[Step], Callable], read: Callable | None = None) -> Callable:
+        """The steps as one Python function of the arguments, each step's op from
+        `op_for(step)` and each argument the steps read through `read` (as it is when
+        None): a program runs on every call of its graph (frontend/input_checks.py),
+        where resolving each step's op and arguments anew cost more than the ops
+        themselves."""
         constants: list[Any] = []
 
         def source(arg) -> str:
             if isinstance(arg, Ref):
-                return f"args[{arg.index}]" if arg.input else f"v{arg.index}"
+                if not arg.input:
+                    return f"v{arg.index}"
+                return f"read(args[{arg.index}])" if read is not None else f"args[{arg.index}]"
             if isinstance(arg, (list, tuple)) and _refers(arg):
                 return "[" + "".join(f"{source(a)}, " for a in arg) + "]"
             constants.append(arg)
@@ -83,7 +90,7 @@ class Prologue:
             arguments = [source(a) for a in step.args] + [f"**{{{k!r}: {source(v)}}}" for k, v in step.kwargs]
             lines.append(f"    v{n} = ops[{n}]({', '.join(arguments)})")
         lines.append(f"    return ({''.join(f'v{i}, ' for i in self.outputs)})")
-        scope = {"ops": tuple(_overload(step.op) for step in self.steps), "constants": tuple(constants)}
+        scope = {"ops": tuple(op_for(step) for step in self.steps), "constants": tuple(constants), "read": read}
         exec("\n".join(lines), scope)
         return scope["code"]
 
@@ -105,7 +112,8 @@ def _refers(arg) -> bool:
     return isinstance(arg, Ref) or isinstance(arg, (list, tuple)) and any(_refers(a) for a in arg)
 
 
-def _overload(name: str) -> torch._ops.OpOverload:
+def _overload(step: Step | str) -> torch._ops.OpOverload:
+    name = step.op if isinstance(step, Step) else step
     namespace, op, overload = name.split(".")
     found = getattr(getattr(getattr(torch.ops, namespace), op, None), overload, None)
     if not isinstance(found, torch._ops.OpOverload):
