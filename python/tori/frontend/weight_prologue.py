@@ -65,7 +65,7 @@ class Prologue:
 
     @cached_property
     def _code(self) -> Callable:
-        return self.function(_overload)
+        return self.function(lambda step: _overload(step.op))
 
     def function(self, op_for: Callable[[Step], Callable], read: Callable | None = None) -> Callable:
         """The steps as one Python function of the arguments, each step's op from
@@ -112,8 +112,7 @@ def _refers(arg) -> bool:
     return isinstance(arg, Ref) or isinstance(arg, (list, tuple)) and any(_refers(a) for a in arg)
 
 
-def _overload(step: Step | str) -> torch._ops.OpOverload:
-    name = step.op if isinstance(step, Step) else step
+def _overload(name: str) -> torch._ops.OpOverload:
     namespace, op, overload = name.split(".")
     found = getattr(getattr(getattr(torch.ops, namespace), op, None), overload, None)
     if not isinstance(found, torch._ops.OpOverload):
