@@ -524,6 +524,18 @@ def test_row_maxima_and_sums_match_eager():
     assert b"tori_row_max_3x7x128_f32" in code and b"tori_row_sum_3x7x128_f32" in code
 
 
+def test_an_rms_normalization_over_rows_not_a_power_of_two_matches_eager():
+    # T5's and Llama's normalization: the mean of the squares, its lanes reduced apart
+    # and scaled by 1/200 (not exact in binary) before the float32 result.
+    def rms(x, weight):
+        return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+
+    x, weight = torch.randn(2, 48, 200) * 3.0, torch.randn(200)
+    with torch.no_grad():
+        assert_matches_eager(rms, x, weight, options={"cache": False}, rtol=1e-6, atol=1e-6)
+    assert b"tori_row_mean_2x48x200_f32" in tori.last_compile().graphs[0].iree_bytecode
+
+
 def test_layer_norm_moments_keep_the_precision_of_rows_far_from_zero():
     # Rows of mean 3e3 and standard deviation 1: a float32 E[x^2] - E[x]^2 would lose
     # every digit of the variance; in float64 tori's result is as close to the float64
