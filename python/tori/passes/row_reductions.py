@@ -18,22 +18,25 @@ values), maxima in sixteen float32 lanes. A layer normalization's variance is E[
 whose mean is up to about 10^4 standard deviations from zero (eager's Welford sums,
 float32, were further from a float64 reference on rows of mean 3e3 and deviation 1).
 
-The lanes of a layer normalization's moments and of a maximum are then combined by an
-elementwise op over the rows that reads each lane as an input of its own: a
-reduction of [R, L] to [R] was a dispatch of a few workgroups, and DeiT-small at 8
-images ran 2-8% slower with it (one core waiting on the other 25 times a call) than
-without the rewrite; elementwise, it splits like any other op.
+The lanes of a layer normalization's moments are then combined by an elementwise op
+over the rows that reads each lane as an input of its own: a reduction of [R, L] to
+[R] was a dispatch of a few workgroups, and DeiT-small at 8 images ran 2-8% slower
+with it (one core waiting on the other 25 times a call) than without the rewrite;
+elementwise, it splits like any other op, and IREE fuses it into no reader (it has
+two results).
 
-The float64 lanes of a lone mean or sum are combined by a reduction of [R, L] to [R]
-instead, then finished (the mean scaled by 1/C, exact where C is a power of two, and
+The lanes of a lone sum, mean or maximum are reduced apart, [R, L] to [R], then a sum's
+or mean's finished (the mean scaled by 1/C, exact where C is a power of two, and
 truncated to float32) by an elementwise op over the rows. IREE fuses a lone result's
-elementwise combine into the op that reads it, which then combined the lanes again,
-divided in float64 and truncated for every value of the row: T5's RMS normalization
-(the mean of the squares of 128 rows of 512, then `x * rsqrt(mean + eps)`) took
-107-119 us a call, 1.0 ms of the encoder's 20 at one sequence; with the lanes reduced,
-1.1 us for the reduction and 17 for the normalization (`iree-benchmark-module`, 5 rounds
-alternating: 17.5-24.4 ms a call against 15.8-19.0). A layer normalization's moments
-(two results) and a maximum read by several ops (a softmax's) were not fused.
+elementwise combine into the op that reads it, which then folded the lanes again for
+every value of the row: T5's RMS normalization (the mean of the squares of 128 rows of
+512, then `x * rsqrt(mean + eps)`) took 107-119 us a call, 1.0 ms of the encoder's 20
+at one sequence, with the lanes reduced 1.1 us for the reduction and 17 for the
+normalization (`iree-benchmark-module`, 5 rounds alternating: 17.5-24.4 ms a call
+against 15.8-19.0); a decoding step's softmax over 2048 cached positions spent 141 us
+a layer in its exponentials, 7 after (`tori profile`). BERT's
+softmax maxima at 8 sequences, whose combine IREE had not fused: 58 us a call
+elementwise, 36 reduced.
 
 Rewrites, for a static float32 x of rank 2 or more whose last dimension C is at least
 MIN_ROW and a multiple of L, each reduction keeping that dimension:
@@ -160,7 +163,7 @@ class RowReduction:
             f"    linalg.yield {', '.join(f'%n{k + 1}' for k in range(count))} : {each(acc)}",
             f"  }} -> ({each(lane_type)})",
         ]
-        lines += self._combine(rows) if self.results == 2 or self.kind == "max" else self._reduce_lanes(rows)
+        lines += self._combine(rows) if self.results == 2 else self._reduce_lanes(rows)
         every = ", ".join(map(str, range(len(outer) + 1)))
         out_shape = ", ".join(map(str, [*outer, 1]))
         lines += [
@@ -172,22 +175,29 @@ class RowReduction:
         return "\n".join(lines)
 
     def _reduce_lanes(self, rows: int) -> list[str]:
-        """The reduction of a lone sum's float64 lanes into %m#0, one float32 value a row
-        (a mean's scaled by 1/C)."""
-        lanes, c = self.lanes, self.shape[-1]
-        row, lane_type, total = builtin_tensor(rows), builtin_tensor(rows, lanes, element="f64"), \
-            builtin_tensor(rows, element="f64")
+        """The reduction of a lone result's lanes into %m#0, one float32 value a row: a
+        maximum's directly, a sum's float64 lanes then truncated (a mean's scaled by
+        1/C)."""
+        lanes, acc, c = self.lanes, self.accumulator, self.shape[-1]
+        row, lane_type, total = builtin_tensor(rows), builtin_tensor(rows, lanes, element=acc), \
+            builtin_tensor(rows, element=acc)
+        fold = "arith.maximumf" if self.kind == "max" else "arith.addf"
+        name = "%m:1" if self.kind == "max" else "%total"
+        lines = [
+            f"  %t0 = tensor.empty() : {total}",
+            f"  %t1 = linalg.fill ins(%start : {acc}) outs(%t0 : {total}) -> {total}",
+            f"  {name} = linalg.generic {{indexing_maps = [{_map('d0', 'd1', dims=2)}, {_map('d0', dims=2)}], "
+            f"iterator_types = [\"parallel\", \"reduction\"]}} ins(%s#0 : {lane_type}) outs(%t1 : {total}) {{",
+            f"  ^bb0(%lane: {acc}, %sum: {acc}):",
+            f"    %next = {fold} %sum, %lane : {acc}",
+            f"    linalg.yield %next : {acc}",
+            f"  }} -> {total}",
+        ]
+        if self.kind == "max":
+            return lines
         scale = ["    %mean = arith.mulf %t, %scale : f64", "    %v32 = arith.truncf %mean : f64 to f32"] \
             if self.kind == "mean" else ["    %v32 = arith.truncf %t : f64 to f32"]
-        return [
-            f"  %t0 = tensor.empty() : {total}",
-            f"  %t1 = linalg.fill ins(%start : f64) outs(%t0 : {total}) -> {total}",
-            f"  %total = linalg.generic {{indexing_maps = [{_map('d0', 'd1', dims=2)}, {_map('d0', dims=2)}], "
-            f"iterator_types = [\"parallel\", \"reduction\"]}} ins(%s#0 : {lane_type}) outs(%t1 : {total}) {{",
-            "  ^bb0(%lane: f64, %sum: f64):",
-            "    %next = arith.addf %sum, %lane : f64",
-            "    linalg.yield %next : f64",
-            f"  }} -> {total}",
+        return lines + [
             f"  %scale = arith.constant {1.0 / c!r} : f64",
             f"  %e = tensor.empty() : {row}",
             f"  %m:1 = linalg.generic {{indexing_maps = [{_map('d0', dims=1)}, {_map('d0', dims=1)}], "
