@@ -444,6 +444,8 @@ def test_narrow_batched_matmuls_get_toris_tiles():
     spec = flags[0].split("=", 1)[1]
     text = open(spec).read()
     assert text.count("#iree_codegen.compilation_info<") == 6 and "@rows2_transposed -> @dot2" in text
+    # The dot products: 8 keys of 2 rows a vector tile, 64 of the head a step.
+    assert "vector_common_parallel = [1, 2, 8, 0], vector_reduction = [0, 0, 0, 64]" in text
     # Sixteen rows per batch is a prefill's attention: IREE's data-tiled matmul.
     wide = {u.family for u in op_families(_aten_graph(_DecodingAttention(), *_decoding_inputs(16)))}
     assert wide == {Family.MATMUL}
@@ -460,6 +462,16 @@ def test_data_tiling_does_not_repack_a_cache_for_narrow_matmuls(codegen):
     vmfb = tori.last_compile().graphs[0].stages["vmfb"]
     assert b"batch_matmul_4x2x512x64" in vmfb and b"batch_matmul_4x2x64x512" in vmfb
     assert (b"encode_4x512x64" in vmfb) is (codegen == "none")
+
+
+@pytest.mark.parametrize("rows, head, keys", [(1, 32, 100), (2, 64, 512), (4, 128, 77), (2, 80, 64)])
+def test_narrow_dot_products_of_any_head_match_eager(rows, head, keys):
+    # tori's dot tile takes 64 of a head at a time: shorter heads, longer ones, a head
+    # of 80 (64 and a partial 16) and key counts that are no whole tile.
+    torch.manual_seed(0)
+    q, k, v = torch.randn(3, rows, head), torch.randn(3, keys, head), torch.randn(3, keys, head)
+    assert_matches_eager(_DecodingAttention(), q, k, v, options={"cache": False}, rtol=1e-4, atol=1e-5)
+    assert f"batch_matmul_3x{rows}x{keys}x{head}".encode() in tori.last_compile().graphs[0].stages["vmfb"]
 
 
 @pytest.mark.parametrize("rows, family", [(64, Family.WIDE_MATMUL), (1024, Family.WIDE_MATMUL), (16, Family.MATMUL)])

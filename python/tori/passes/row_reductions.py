@@ -163,7 +163,7 @@ class RowReduction:
             f"    linalg.yield {', '.join(f'%n{k + 1}' for k in range(count))} : {each(acc)}",
             f"  }} -> ({each(lane_type)})",
         ]
-        lines += self._combine(rows) if self.results == 2 else self._reduce_lanes(rows)
+        lines += self._combine(rows) if self.kind == "moments" else self._reduce_lanes(rows)
         every = ", ".join(map(str, range(len(outer) + 1)))
         out_shape = ", ".join(map(str, [*outer, 1]))
         lines += [
@@ -195,59 +195,56 @@ class RowReduction:
         ]
         if self.kind == "max":
             return lines
-        scale = ["    %mean = arith.mulf %t, %scale : f64", "    %v32 = arith.truncf %mean : f64 to f32"] \
-            if self.kind == "mean" else ["    %v32 = arith.truncf %t : f64 to f32"]
+        if self.kind == "mean":
+            lines.append(f"  %scale = arith.constant {1.0 / c!r} : f64")
+            finish = ["    %mean = arith.mulf %t, %scale : f64", "    %v32 = arith.truncf %mean : f64 to f32"]
+        else:
+            finish = ["    %v32 = arith.truncf %t : f64 to f32"]
         return lines + [
-            f"  %scale = arith.constant {1.0 / c!r} : f64",
             f"  %e = tensor.empty() : {row}",
             f"  %m:1 = linalg.generic {{indexing_maps = [{_map('d0', dims=1)}, {_map('d0', dims=1)}], "
             f"iterator_types = [\"parallel\"]}} ins(%total : {total}) outs(%e : {row}) {{",
             "  ^bb0(%t: f64, %o: f32):",
-            *scale,
+            *finish,
             "    linalg.yield %v32 : f32",
             f"  }} -> {row}",
         ]
 
     def _combine(self, rows: int) -> list[str]:
-        """The elementwise op over the rows that reduces each row's lanes of a maximum or
-        of moments, each read as an input of its own, and finishes the reduction."""
-        lanes, acc, count = self.lanes, self.accumulator, self.results
-        row, lane_type = builtin_tensor(rows), builtin_tensor(rows, lanes, element=acc)
-        inputs = [(f"%s#{k}", lane_type, _map("d0", str(lane), dims=1), f"%a{k}_{lane}: {acc}")
-                  for k in range(count) for lane in range(lanes)]
+        """The elementwise op over the rows that folds each row's lanes of its moments,
+        each lane read as an input of its own, into the mean and the variance."""
+        lanes = self.lanes
+        row, lane_type = builtin_tensor(rows), builtin_tensor(rows, lanes, element="f64")
+        inputs = [(f"%s#{k}", _map("d0", str(lane), dims=1), f"%a{k}_{lane}: f64")
+                  for k in range(2) for lane in range(lanes)]
         lines = [
             f"  %e = tensor.empty() : {row}",
-            f"  %m:{count} = linalg.generic {{indexing_maps = [{', '.join(i[2] for i in inputs)}, "
-            f"{', '.join([_map('d0', dims=1)] * count)}], iterator_types = [\"parallel\"]}} "
-            f"ins({', '.join(i[0] for i in inputs)} : {', '.join(i[1] for i in inputs)}) "
-            f"outs({', '.join(['%e'] * count)} : {', '.join([row] * count)}) {{",
-            f"  ^bb0({', '.join(i[3] for i in inputs)}, {', '.join(f'%o{k}: f32' for k in range(count))}):",
+            f"  %m:2 = linalg.generic {{indexing_maps = [{', '.join(i[1] for i in inputs)}, "
+            f"{_map('d0', dims=1)}, {_map('d0', dims=1)}], iterator_types = [\"parallel\"]}} "
+            f"ins({', '.join(i[0] for i in inputs)} : {', '.join([lane_type] * len(inputs))}) "
+            f"outs(%e, %e : {row}, {row}) {{",
+            f"  ^bb0({', '.join(i[2] for i in inputs)}, %o0: f32, %o1: f32):",
         ]
-        fold = "arith.maximumf" if self.kind == "max" else "arith.addf"
         names = itertools.count()
         totals = []
-        for k in range(count):  # the lanes folded pairwise
+        for k in range(2):  # the lanes folded pairwise
             level = [f"%a{k}_{lane}" for lane in range(lanes)]
             while len(level) > 1:
                 pairs = [(level[2 * i], level[2 * i + 1]) for i in range(len(level) // 2)]
                 level = [f"%f{next(names)}" for _ in pairs]
-                lines += [f"    {name} = {fold} {a}, {b} : {acc}" for name, (a, b) in zip(level, pairs)]
+                lines += [f"    {name} = arith.addf {a}, {b} : f64" for name, (a, b) in zip(level, pairs)]
             totals.append(level[0])
-        if self.kind == "max":
-            lines.append(f"    linalg.yield {totals[0]} : f32")
-        else:
-            lines += [
-                f"    %mean = arith.divf {totals[0]}, %count : f64",
-                "    %m32 = arith.truncf %mean : f64 to f32",
-                f"    %squares = arith.divf {totals[1]}, %count : f64",
-                "    %mm = arith.mulf %mean, %mean : f64",
-                "    %var = arith.subf %squares, %mm : f64",
-                "    %var0 = arith.maximumf %var, %zero : f64",
-                "    %v32 = arith.truncf %var0 : f64 to f32",
-                "    linalg.yield %m32, %v32 : f32, f32",
-            ]
-        lines.append(f"  }} -> ({', '.join([row] * count)})")
-        return lines
+        return lines + [
+            f"    %mean = arith.divf {totals[0]}, %count : f64",
+            "    %m32 = arith.truncf %mean : f64 to f32",
+            f"    %squares = arith.divf {totals[1]}, %count : f64",
+            "    %mm = arith.mulf %mean, %mean : f64",
+            "    %var = arith.subf %squares, %mm : f64",
+            "    %var0 = arith.maximumf %var, %zero : f64",
+            "    %v32 = arith.truncf %var0 : f64 to f32",
+            "    linalg.yield %m32, %v32 : f32, f32",
+            f"  }} -> ({row}, {row})",
+        ]
 
 
 def row_reduction_kind(op: ir.Operation) -> str | None:

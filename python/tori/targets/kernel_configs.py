@@ -103,10 +103,14 @@ def _rows_transposed(rows: int) -> str:
 
 def _narrow_configs(rows: int) -> tuple[KernelConfig, ...]:
     # A workgroup takes all the rows and 64 columns; the vector tile takes two rows
-    # where there are two or more.
+    # where there are two or more. The dot products take 8 keys and a head of 64 at a
+    # time: in the decoding step with 2048 cached positions (2 rows a batch), its four
+    # q @ k^T took 386-723 us a call against 572-961 with 4 keys and 16 of the head
+    # (profiles alternating, 2026-12-06; 4 keys by 64: 471-519, 16 by 64: 792-914,
+    # 4 by 32: 816-884, 2 by 64: 675-759).
     both = min(rows, 2)
     return (KernelConfig(f"dot{rows}", f"rows{rows}_transposed", (_rows(rows), _rows_transposed(rows)),
-                         distribution=(1, rows, 64, 0), vector=(1, both, 4, 0), reduction=(0, 0, 0, 16)),
+                         distribution=(1, rows, 64, 0), vector=(1, both, 8, 0), reduction=(0, 0, 0, 64)),
             KernelConfig(f"axpy{rows}", f"rows{rows}", (_rows(rows),),
                          distribution=(1, rows, 64, 0), vector=(1, both, 64, 0), reduction=(0, 0, 0, 4)))
 
