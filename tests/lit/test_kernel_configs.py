@@ -33,9 +33,9 @@ func.func @attention(%q: tensor<4x2x64xf32>, %k: tensor<4x512x64xf32>, %v: tenso
 """
 
 CHECKS = """
-# CHECK-DAG: #[[DOT2:.+]] = #iree_cpu.lowering_config<distribution = [1, 2, 64, 0], vector_common_parallel = [1, 2, 4, 0], vector_reduction = [0, 0, 0, 16]>
+# CHECK-DAG: #[[DOT2:.+]] = #iree_cpu.lowering_config<distribution = [1, 2, 64, 0], vector_common_parallel = [1, 2, 8, 0], vector_reduction = [0, 0, 0, 64]>
 # CHECK-DAG: #[[AXPY2:.+]] = #iree_cpu.lowering_config<distribution = [1, 2, 64, 0], vector_common_parallel = [1, 2, 64, 0], vector_reduction = [0, 0, 0, 4]>
-# CHECK-DAG: #[[DOT1:.+]] = #iree_cpu.lowering_config<distribution = [1, 1, 64, 0], vector_common_parallel = [1, 1, 4, 0], vector_reduction = [0, 0, 0, 16]>
+# CHECK-DAG: #[[DOT1:.+]] = #iree_cpu.lowering_config<distribution = [1, 1, 64, 0], vector_common_parallel = [1, 1, 8, 0], vector_reduction = [0, 0, 0, 64]>
 # CHECK-DAG: #[[PIPELINE:.+]] = #iree_codegen.translation_info<pipeline = #iree_cpu.pipeline<DoubleTilingExpert>>
 # CHECK-DAG: #[[INFO_DOT2:.+]] = #iree_codegen.compilation_info<lowering_config = #[[DOT2]], translation_info = #[[PIPELINE]]>
 # CHECK-DAG: #[[INFO_AXPY2:.+]] = #iree_codegen.compilation_info<lowering_config = #[[AXPY2]], translation_info = #[[PIPELINE]]>

@@ -17,7 +17,7 @@ cached positions those copies took 1.97 of its 6.26 ms of dispatches. Without da
 tiling IREE's default tiles read the cache at 7-15 GB/s. Two layouts:
 
 - `dot`: the right operand transposed, the keys read along their rows (q @ k^T);
-  the rows' dot products run 16 elements at a time;
+  the dot products of 8 keys run 64 elements (a head) at a time;
 - `axpy`: the right operand as stored, the values read row by row (p @ v); each row
   of the cache updates 64 outputs at once.
 
