@@ -135,7 +135,7 @@ def dump_graph(record: GraphRecord, options: Options) -> Path:
         path.write_text(text)
         files.append({"stage": name, "file": path.name})
     if record.iree_bytecode is not None and "iree" in [name for name, _, _ in texts]:
-        (directory / f"{record.name}.mlirbc").write_bytes(record.iree_bytecode)  # what 05-iree.sh compiles
+        (directory / f"{record.name}.mlirbc").write_bytes(record.iree_bytecode)  # what NN-iree.sh compiles
     if Stage.VMFB in record.stages:
         path = directory / f"{len(texts):02d}-vmfb.vmfb"
         path.write_bytes(record.stages[Stage.VMFB])
