@@ -88,6 +88,10 @@ class Options:
     # Inference on the CPU: parameters and buffers held by the module as globals, loaded
     # once (their data-tiled packing then runs at load, not per call; frontend/resident.py).
     resident_weights: bool = True
+    # Resident weights' packed memory collapsed into 2 MiB pages after each load (Linux;
+    # runtime/huge_pages.py). Off by default: see docs/performance.md, "Resident weights
+    # in 2 MiB pages".
+    huge_pages: bool = False
     # Extra flags appended to every iree-compile invocation.
     iree_flags: tuple[str, ...] = ()
     # tori pass pipeline applied at the `tori` stage (comma-separated pass names; "" runs
@@ -254,7 +258,8 @@ def _coerce(name: str, value: Any) -> Any:
         if not isinstance(value, (str, os.PathLike)) or not str(value):
             raise OptionsError(name, value, ["a path (str or os.PathLike)"])
         return Path(value).expanduser() if name == "cache_dir" else Path(value)
-    if name in ("dump_iree_phases", "dump_large_constants", "cache", "partition", "runtime_checks", "resident_weights"):
+    if name in ("dump_iree_phases", "dump_large_constants", "cache", "partition", "runtime_checks", "resident_weights",
+                "huge_pages"):
         return _flag(name, value)
     if name == "cache_max_bytes":
         return _size(name, value)
@@ -331,6 +336,7 @@ ENVIRONMENT = {
     "TORI_CPU": "cpu",
     "TORI_CODEGEN": "codegen",
     "TORI_RESIDENT_WEIGHTS": "resident_weights",
+    "TORI_HUGE_PAGES": "huge_pages",
     "TORI_IREE_FLAGS": "iree_flags",
     "TORI_PIPELINE": "pipeline",
     "TORI_REPRO_DIR": "repro_dir",

@@ -112,5 +112,6 @@ def runtime_graph(name: str, vmfbs: dict[Target, bytes], signature: GraphSignatu
     the hot path of the default), else a TargetedGraph choosing by the inputs' device."""
     drivers = {t: drivers_for(t, options.driver) for t in vmfbs}
     if list(vmfbs) == [Target.CPU]:
-        return CompiledGraph(name, vmfbs[Target.CPU], signature, drivers[Target.CPU], static_args)
+        return CompiledGraph(name, vmfbs[Target.CPU], signature, drivers[Target.CPU], static_args,
+                             huge_pages=options.huge_pages)
     return TargetedGraph(name, vmfbs, signature, drivers, static_args)
