@@ -47,12 +47,12 @@ def _regions() -> dict[Region, int]:
             region = None
             for line in smaps:
                 head = line.split()
-                if "-" in head[0] and len(head) >= 5:  # a mapping's first line
+                if len(head) >= 5 and "-" in head[0]:  # a mapping's first line
                     start, end = (int(x, 16) for x in head[0].split("-"))
                     anonymous = len(head) == 5 or head[5] == "[heap]"
                     region = (start, end) if anonymous and head[1].startswith("rw") and end - start >= MIN_BYTES \
                         else None
-                elif region is not None and head[0] == "Rss:":
+                elif region is not None and head and head[0] == "Rss:":
                     found[region] = int(head[1]) * 1024
                     region = None
     except OSError:
