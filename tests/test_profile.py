@@ -95,6 +95,30 @@ def test_dispatch_ops_reads_locations_of_each_executable():
     flow.executable.export public @main$async_dispatch_2_mmt4d_1x1x4x14x32x1_f32 workgroups() -> (index, index, index) {
     }
     %4 = linalg.mmt4d ins(%0, %1) loc(callsite("aten.mm.default"("module fc (Linear)") at "aten.mm.default"("module fc (Linear)")))
+  }
+  flow.executable private @main$async_dispatch_3 {
+    flow.executable.export public @main$async_dispatch_3_conv_2x2x4x3x3x4_f32 workgroups() -> (index, index, index) {
+    } loc("aten.convolution.default"("module conv (Conv2d)"))
+    %5 = linalg.generic {indexing_maps = [#map, #map1, #map2], iterator_types = ["parallel", "parallel", "parallel", "reduction", "reduction", "reduction"]} ins(%2, %3 : tensor<4x4x4xf32>, tensor<3x3x4x4xf32>) outs(%4 : tensor<2x2x4xf32>) {
+    ^bb0(%in: f32, %in_0: f32, %out: f32):
+      %6 = arith.mulf %in, %in_0 : f32
+      %7 = arith.addf %out, %6 : f32
+      linalg.yield %7 : f32
+    } -> tensor<2x2x4xf32> loc("aten.max_pool2d_with_indices.default"("module pool (MaxPool2d)"))
+  }
+  flow.executable private @main$async_dispatch_4 {
+    flow.executable.export public @main$async_dispatch_4_conv_2x2x4x3x3_f32 workgroups() -> (index, index, index) {
+    } loc("aten.convolution.default"("module conv (Conv2d)"))
+    %8 = linalg.generic {indexing_maps = [#map, #map1, #map2], iterator_types = ["parallel", "parallel", "parallel", "reduction", "reduction"]} ins(%2, %3 : tensor<4x4x4xf32>, tensor<3x3xf32>) outs(%4 : tensor<2x2x4xf32>) {
+    ^bb0(%in: f32, %in_0: f32, %out: f32):
+      %9 = arith.maximumf %in, %out : f32
+      linalg.yield %9 : f32
+    } -> tensor<2x2x4xf32> loc("aten.max_pool2d_with_indices.default"("module pool (MaxPool2d)"))
+    %10 = linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel", "parallel", "parallel"]} ins(%8 : tensor<2x2x4xf32>) outs(%4 : tensor<2x2x4xf32>) {
+    ^bb0(%in: f32, %out: f32):
+      %11 = arith.mulf %in, %in : f32
+      linalg.yield %11 : f32
+    } -> tensor<2x2x4xf32>
   }'''
     found = dispatch_ops(flow)
     packed = found["main$async_dispatch_2_mmt4d_1x1x4x14x32x1_f32"]
@@ -103,6 +127,12 @@ def test_dispatch_ops_reads_locations_of_each_executable():
     assert first.ops == ["aten.mm.default", "aten.relu.default"] and first.contraction
     assert first.sources == ["model.py:12", "fc (Linear)"]
     assert not found["main$async_dispatch_1_conv_1x2x2x3x3_f32"].contraction
+    # A convolution whose input a pooling made (ResNet's first 3x3 after its stem's pooling)
+    # carries the pooling's location too: its multiply-add reduction makes it a contraction.
+    assert found["main$async_dispatch_3_conv_2x2x4x3x3x4_f32"].contraction
+    # A pooling's maximum with the location of the convolution before it is not, whatever
+    # elementwise products share its dispatch.
+    assert not found["main$async_dispatch_4_conv_2x2x4x3x3_f32"].contraction
 
 
 def test_profile_refuses_nothing_compiled():

@@ -48,6 +48,8 @@ _CONTRACTION = re.compile(r"_(?:batch_)?(?:matmul|conv|mmt4d|contract)\w*?_((?:\
 _CONTRACTING_OPS = ("aten.convolution",) + tuple(sorted(f"aten.{op.__name__.split('.')[0]}" for op in MATMUL_OPS))
 _POOLING_OPS = ("aten.max_pool", "aten.avg_pool", "aten.adaptive_avg_pool", "aten._adaptive_avg_pool",
                 "aten.adaptive_max_pool")
+# A linalg.generic's iterators, and the body up to its yield.
+_GENERIC = re.compile(r"linalg\.generic \{[^\n]*?iterator_types = \[([^\]]*)\][^\n]*\n(.*?)linalg\.yield", re.DOTALL)
 
 
 class ProfileError(ToriError):
@@ -183,15 +185,22 @@ def dispatch_ops(flow_text: str) -> dict[str, DispatchSource]:
                 continue
             sources.append(f"{Path(file).name}:{line}")
         sources += _MODULE.findall(chunk)
-        pooling = any(op.startswith(_POOLING_OPS) for op in ops)
+        pooling = any(op.startswith(_POOLING_OPS) for op in ops) and not _multiplying_reduction(chunk)
         for export in exports:
             # IREE names pooling dispatches `conv` too: a `conv` dispatch is rated only with a
-            # convolution in it and no pooling (a convolution's transpose back to NCHW, which
-            # carries its location, can end in the pooling's dispatch).
+            # convolution in it, and where a pooling's location is in it too (a convolution's
+            # transpose back to NCHW can end in the pooling's dispatch, a pooling's result
+            # feed the next convolution's), only where a reduction in it multiplies.
             needed = ("aten.convolution",) if "_conv_" in export else _CONTRACTING_OPS
             contraction = any(op.startswith(needed) for op in ops) and not ("_conv_" in export and pooling)
             found[export] = DispatchSource(ops, list(dict.fromkeys(sources)), contraction)
     return found
+
+
+def _multiplying_reduction(chunk: str) -> bool:
+    """Whether a linalg.generic of an executable reduces products (a convolution's
+    multiply-add; a pooling's body takes a maximum or a sum)."""
+    return any("reduction" in iterators and "arith.mulf" in body for iterators, body in _GENERIC.findall(chunk))
 
 
 def _capture_arguments(graphs) -> tuple[dict[str, list], Callable[[], None]]:
