@@ -87,6 +87,7 @@ def measure_one(name: str, batch: int, seconds: float, tori_options: dict, induc
     medians = {c: statistics.median(t) * 1e3 for c, t in times.items()}
     return {"model": name, "batch": batch, "median_ms": medians, "first_call_s": first_call_s,
             "graphs": delta.compiled_graphs, "codegen": strategies,
+            "tori_driver_choices": {graph: f"{c.driver}: {c.reason}" for graph, c in _driver_choices().items()},
             "speedup_vs_eager": medians["eager"] / medians["tori"],
             "speedup_vs_inductor": medians["inductor"] / medians["tori"] if inductor else None}
 
@@ -179,11 +180,9 @@ def measure_decode(seconds: float, tori_options: dict, inductor: bool, new_token
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
     read = sum(p.numel() * p.element_size() if id(p) not in embeddings else p[0].numel() * p.element_size()
                for p in model.parameters())
-    from tori.runtime.compiled_graph import CompiledGraph
     from tori.tools.profile import memory_read_gbps
 
-    choices = {g.name: g.compiled.driver_choice for r in tori.compile_records() for g in r.graphs
-               if isinstance(g.compiled, CompiledGraph) and g.compiled.driver_choice}
+    choices = _driver_choices()
     drivers = sorted({c.driver for c in choices.values()})
     memory = memory_read_gbps()
     return {"model": name, "batch": 1, "cache_length": cache_length or prompt.shape[1] + new_tokens,
@@ -211,6 +210,15 @@ def _child(name: str, batch: int, args: argparse.Namespace) -> dict:
         tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
         return {"model": name, "batch": batch, "error": tail[:300]}
     return json.loads(lines[-1])
+
+
+def _driver_choices() -> dict:
+    """Each compiled graph's driver choice in this process, by graph name."""
+    import tori
+    from tori.runtime.compiled_graph import CompiledGraph
+
+    return {g.name: g.compiled.driver_choice for r in tori.compile_records() for g in r.graphs
+            if isinstance(g.compiled, CompiledGraph) and g.compiled.driver_choice}
 
 
 def geomean(values: list[float]) -> float | None:

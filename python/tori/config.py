@@ -89,9 +89,8 @@ class Options:
     # once (their data-tiled packing then runs at load, not per call; frontend/resident.py).
     resident_weights: bool = True
     # Resident weights' packed memory collapsed into 2 MiB pages after each load (Linux;
-    # runtime/huge_pages.py). Off by default: see docs/performance.md, "Resident weights
-    # in 2 MiB pages".
-    huge_pages: bool = False
+    # runtime/huge_pages.py; docs/performance.md, "Resident weights in 2 MiB pages").
+    huge_pages: bool = True
     # Extra flags appended to every iree-compile invocation.
     iree_flags: tuple[str, ...] = ()
     # tori pass pipeline applied at the `tori` stage (comma-separated pass names; "" runs

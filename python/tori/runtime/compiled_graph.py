@@ -62,6 +62,15 @@ REVIEW_AFTER_CALLS = 100
 DECISIVE_CALLS = 2
 DECISIVE_RATIO = 1.5
 DECISIVE_SECONDS = 0.02
+# local-task is chosen over local-sync only where its median period is this many times
+# shorter: its trial periods show less than it costs the rest of the process. A Llama
+# decoding step (resident weights in huge pages, benchmarks/bench_models.py's decoding
+# rows, 2026-12-06): trial medians within 0.6-14% of each other, local-task's the
+# shorter in 9 of 16 runs, but a token took 7.78-8.17 ms with local-task pinned against
+# 6.67-6.94 with local-sync, and 8.29 against 6.79 with both loaded and switched between
+# in the same process. Where local-task's threads pay (a network's layers at one image,
+# encoders) its periods were 1.45-2.0x shorter.
+LOCAL_TASK_MARGIN = 1.15
 # Calls after which the driver choice is final (the call after the last timed one
 # ends its period and settles).
 SETTLED_AFTER_CALLS = 2 * TRIAL_CALLS_PER_DRIVER + REVIEW_AFTER_CALLS + 2 * TRIAL_CALLS_PER_DRIVER + 1
@@ -212,10 +221,10 @@ class CompiledGraph:
         # also slow the caller's own work between calls (see TRIAL_CALLS_PER_DRIVER).
         # Trial calls of other graphs in that period are not counted (`_TRIALS`).
         # Nothing here calls through `self._call`, which a caller may have wrapped.
-        # While the weights' pages are being collapsed (runtime/huge_pages.py) that work
-        # shares the cores: the calls before a round starts run untimed on the first driver.
-        collapse = self.page_collapse
-        if collapse is not None and collapse.running and self._timed is None \
+        # While weights' pages are being collapsed (runtime/huge_pages.py: this graph's or
+        # another's, which loaded just before) that work shares the cores: the calls
+        # before a round starts run untimed on the first driver.
+        if pages.collapsing() and self._timed is None \
                 and len(self._trials) == TRIAL_CALLS_PER_DRIVER * len(self._modules):
             counters.compiled_calls += 1
             return self._run(self._modules[self._drivers[0]], args)
@@ -269,6 +278,8 @@ class CompiledGraph:
         counted = self._counted()
         median = {d: statistics.median(times) * 1e6 for d, times in counted.items()}
         best = min(median, key=median.get)
+        if best == "local-task" and "local-sync" in median and median["local-sync"] < median[best] * LOCAL_TASK_MARGIN:
+            best = "local-sync"
         final = decisive or self.driver_choice is not None
         timings = ", ".join(f"{d} {us:.1f} us" for d, us in sorted(median.items()))
         count = min(len(times) for times in counted.values())

@@ -22,6 +22,7 @@ the process had before the load stays in the pages it has.
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
 import sys
 import threading
@@ -31,6 +32,9 @@ from dataclasses import dataclass, field
 MIN_BYTES = 4 << 20
 RESIDENT_FRACTION = 0.9
 HUGE_PAGE = 2 << 20
+# Tries per range: the kernel refuses a collapse with EAGAIN where it could not get a
+# huge page at that moment (memory too fragmented for compaction to free one in time).
+COLLAPSE_ATTEMPTS = 3
 _MADV_HUGEPAGE = 14
 _MADV_COLLAPSE = 25
 
@@ -71,6 +75,7 @@ class Collapse:
 
     regions: list[Region]
     collapsed: int = 0
+    refusals: list[int] = field(default_factory=list)  # errno of each madvise the kernel refused
     _thread: threading.Thread | None = field(default=None, repr=False)
 
     @property
@@ -92,11 +97,23 @@ class Collapse:
             if last <= first:
                 continue
             libc.madvise(first, last - first, _MADV_HUGEPAGE)
-            if libc.madvise(first, last - first, _MADV_COLLAPSE) == 0:
-                self.collapsed += last - first
+            for attempt in range(COLLAPSE_ATTEMPTS):
+                if libc.madvise(first, last - first, _MADV_COLLAPSE) == 0:
+                    self.collapsed += last - first
+                    break
+                self.refusals.append(ctypes.get_errno())
+                if self.refusals[-1] != errno.EAGAIN:  # anything but a transient refusal is final
+                    break
+                time.sleep(0.01)
         total = sum(end - begin for begin, end in self.regions)
-        log.info("collapsed %d of %d MiB of packed weights into 2 MiB pages in %.0f ms", self.collapsed >> 20,
-                 total >> 20, (time.perf_counter() - began) * 1e3)
+        refused = f"; refused: {', '.join(sorted({errno.errorcode.get(e, str(e)) for e in self.refusals}))}" \
+            if self.refusals else ""
+        log.info("collapsed %d of %d MiB of packed weights into 2 MiB pages in %.0f ms%s", self.collapsed >> 20,
+                 total >> 20, (time.perf_counter() - began) * 1e3, refused)
+
+
+_started: list[Collapse] = []  # the collapses begun in this process, until they end (`collapsing`)
+_started_lock = threading.Lock()
 
 
 def collapse_new(before: frozenset[Region]) -> Collapse:
@@ -108,4 +125,15 @@ def collapse_new(before: frozenset[Region]) -> Collapse:
     if regions:
         work._thread = threading.Thread(target=work._run, name="tori-huge-pages", daemon=True)
         work._thread.start()
+        with _started_lock:
+            _started.append(work)
     return work
+
+
+def collapsing() -> bool:
+    """Whether any collapse of this process is still running."""
+    if not _started:
+        return False
+    with _started_lock:
+        _started[:] = [work for work in _started if work.running]
+        return bool(_started)
