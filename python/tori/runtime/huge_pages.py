@@ -6,7 +6,8 @@ transparent huge pages are `madvise` (Debian's default). A call that streams eve
 weight, as a decoding step does, then walks a page table for each 4 KiB it reads. Once
 a module has loaded, the anonymous mappings that appeared while it loaded are collapsed
 into 2 MiB pages (`madvise(MADV_COLLAPSE)`, Linux 6.1), in a thread of its own so that
-the first call does not wait for it (the driver trials wait: compiled_graph.py). Llama's
+the first call does not wait for it (the driver trials of every graph wait while any
+collapse runs: compiled_graph.py). On by default (the `huge_pages` option). Llama's
 static-cache decoding step (113 MB of weights a token, AMD EPYC, `generate()` alone in
 its process): IREE's invocation 4.46-4.47 -> 3.81-3.88 ms a call; collapsing a load's
 168-216 MiB (the modules of both CPU drivers) took 420-670 ms.
