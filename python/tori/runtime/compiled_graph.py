@@ -62,15 +62,20 @@ REVIEW_AFTER_CALLS = 100
 DECISIVE_CALLS = 2
 DECISIVE_RATIO = 1.5
 DECISIVE_SECONDS = 0.02
-# local-task is chosen over local-sync only where its median period is this many times
-# shorter: its trial periods show less than it costs the rest of the process. A Llama
-# decoding step (resident weights in huge pages, benchmarks/bench_models.py's decoding
-# rows, 2026-12-06): trial medians within 0.6-14% of each other, local-task's the
-# shorter in 9 of 16 runs, but a token took 7.78-8.17 ms with local-task pinned against
-# 6.67-6.94 with local-sync, and 8.29 against 6.79 with both loaded and switched between
-# in the same process. Where local-task's threads pay (a network's layers at one image,
-# encoders) its periods were 1.45-2.0x shorter.
+# For short calls (local-task's median period under MARGIN_BELOW_SECONDS) local-task is
+# chosen over local-sync only where its median period is LOCAL_TASK_MARGIN times
+# shorter: there its trial periods show less than it costs the rest of the process. A
+# Llama decoding step (resident weights in huge pages, benchmarks/bench_models.py's
+# decoding rows, 2026-12-06): trial medians of 6-9 ms within 0.6-14% of each other,
+# local-task's the shorter in 8 of 20 trials, but a token took 7.78-8.17 ms with
+# local-task pinned against 6.67-6.94 with local-sync, and 8.29 against 6.79 with both
+# loaded and switched between in the same process. Long calls are where local-task's
+# threads pay and where a neighbour's work (inductor's compile workers just after a
+# compile) slows its trial calls most: MobileNetV3 at 8 images timed 76.2 ms on
+# local-sync and 71.4 on local-task in a first round, and ran 73.4 ms a call on
+# local-sync against 56.0 on local-task in the run before.
 LOCAL_TASK_MARGIN = 1.15
+MARGIN_BELOW_SECONDS = 0.02
 # Calls after which the driver choice is final (the call after the last timed one
 # ends its period and settles).
 SETTLED_AFTER_CALLS = 2 * TRIAL_CALLS_PER_DRIVER + REVIEW_AFTER_CALLS + 2 * TRIAL_CALLS_PER_DRIVER + 1
@@ -278,7 +283,8 @@ class CompiledGraph:
         counted = self._counted()
         median = {d: statistics.median(times) * 1e6 for d, times in counted.items()}
         best = min(median, key=median.get)
-        if best == "local-task" and "local-sync" in median and median["local-sync"] < median[best] * LOCAL_TASK_MARGIN:
+        if best == "local-task" and "local-sync" in median and median[best] < MARGIN_BELOW_SECONDS * 1e6 \
+                and median["local-sync"] < median[best] * LOCAL_TASK_MARGIN:
             best = "local-sync"
         final = decisive or self.driver_choice is not None
         timings = ", ".join(f"{d} {us:.1f} us" for d, us in sorted(median.items()))
