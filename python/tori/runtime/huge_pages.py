@@ -98,7 +98,7 @@ class Collapse:
             if last <= first:
                 continue
             libc.madvise(first, last - first, _MADV_HUGEPAGE)
-            for attempt in range(COLLAPSE_ATTEMPTS):
+            for _ in range(COLLAPSE_ATTEMPTS):
                 if libc.madvise(first, last - first, _MADV_COLLAPSE) == 0:
                     self.collapsed += last - first
                     break
