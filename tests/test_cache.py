@@ -493,14 +493,16 @@ def _stress_run(tmp_path: Path, redis_url: str | None = None) -> None:
     assert last["wrong"] == [] and last["cache_corrupt"] == 0 and last["cache_hits"] >= 2, last
 
 
-# The suite runs the four machines sharing Redis (below): the same processes, kill and
-# checks; one directory shared by concurrent processes is the torn-entry test's.
+# Both stress runs are `make test-extended`'s (54 s): the suite has their parts apart, two
+# machines compiling one model at once through Redis (once), a process killed in
+# iree-compile (no entry left, tests/test_reliability.py) and one directory shared by
+# concurrent processes (the torn-entry test).
 @pytest.mark.extended
 def test_four_processes_one_killed_mid_compile_share_one_directory(tmp_path):
     _stress_run(tmp_path)
 
 
-@pytest.mark.slow
+@pytest.mark.extended
 def test_four_machines_one_killed_mid_compile_share_redis(tmp_path, redis_url):
     import redis
 
