@@ -87,7 +87,7 @@ def measure_one(name: str, batch: int, seconds: float, tori_options: dict, induc
     medians = {c: statistics.median(t) * 1e3 for c, t in times.items()}
     return {"model": name, "batch": batch, "median_ms": medians, "first_call_s": first_call_s,
             "graphs": delta.compiled_graphs, "codegen": strategies,
-            "tori_driver_choices": {graph: f"{c.driver}: {c.reason}" for graph, c in _driver_choices().items()},
+            "tori_driver_choices": _driver_reasons(_driver_choices()),
             "speedup_vs_eager": medians["eager"] / medians["tori"],
             "speedup_vs_inductor": medians["inductor"] / medians["tori"] if inductor else None}
 
@@ -190,7 +190,7 @@ def measure_decode(seconds: float, tori_options: dict, inductor: bool, new_token
             # Per token, the compiled forward's share (Dynamo's guards and wrappers included);
             # the rest is generate()'s own eager work (sampling, stopping criteria, cache positions).
             "forward_ms": forward_ms, "tori_drivers": drivers,
-            "tori_driver_choices": {name: f"{c.driver}: {c.reason}" for name, c in choices.items()},
+            "tori_driver_choices": _driver_reasons(choices),
             "tokens_identical": identical, "weights_read_mb": read / 1e6,
             "gb_per_s_tori": read / (forward_ms["tori"] * 1e-3) / 1e9, "memory_read_gb_per_s": memory,
             "memory_fraction_tori": read / (forward_ms["tori"] * 1e-3) / 1e9 / memory,
@@ -219,6 +219,11 @@ def _driver_choices() -> dict:
 
     return {g.name: g.compiled.driver_choice for r in tori.compile_records() for g in r.graphs
             if isinstance(g.compiled, CompiledGraph) and g.compiled.driver_choice}
+
+
+def _driver_reasons(choices: dict) -> dict:
+    """The JSON form of `_driver_choices()`: "driver: why" by graph name."""
+    return {name: f"{c.driver}: {c.reason}" for name, c in choices.items()}
 
 
 def geomean(values: list[float]) -> float | None:

@@ -62,9 +62,10 @@ REVIEW_AFTER_CALLS = 100
 DECISIVE_CALLS = 2
 DECISIVE_RATIO = 1.5
 DECISIVE_SECONDS = 0.02
-# For short calls (local-task's median period under MARGIN_BELOW_SECONDS) local-task is
-# chosen over local-sync only where its median period is LOCAL_TASK_MARGIN times
-# shorter: there its trial periods show less than it costs the rest of the process. A
+# For short calls (the faster driver's median period under MARGIN_BELOW_SECONDS) another
+# driver is chosen over the target's first (targets/__init__.py: local-sync, then
+# local-task on the CPU) only where its median period is LOCAL_TASK_MARGIN times
+# shorter: there local-task's trial periods show less than it costs the rest of the process. A
 # Llama decoding step (resident weights in huge pages, benchmarks/bench_models.py's
 # decoding rows, 2026-12-06): trial medians of 6-9 ms within 0.6-14% of each other,
 # local-task's the shorter in 8 of 20 trials, but a token took 7.78-8.17 ms with
@@ -283,9 +284,10 @@ class CompiledGraph:
         counted = self._counted()
         median = {d: statistics.median(times) * 1e6 for d, times in counted.items()}
         best = min(median, key=median.get)
-        if best == "local-task" and "local-sync" in median and median[best] < MARGIN_BELOW_SECONDS * 1e6 \
-                and median["local-sync"] < median[best] * LOCAL_TASK_MARGIN:
-            best = "local-sync"
+        preferred = self._drivers[0]  # the target's first driver (targets/__init__.py: local-sync on the CPU)
+        if best != preferred and median[best] < MARGIN_BELOW_SECONDS * 1e6 \
+                and median[preferred] < median[best] * LOCAL_TASK_MARGIN:
+            best = preferred
         final = decisive or self.driver_choice is not None
         timings = ", ".join(f"{d} {us:.1f} us" for d, us in sorted(median.items()))
         count = min(len(times) for times in counted.values())
