@@ -75,7 +75,7 @@ DECISIVE_SECONDS = 0.02
 # compile) slows its trial calls most: MobileNetV3 at 8 images timed 76.2 ms on
 # local-sync and 71.4 on local-task in a first round, and ran 73.4 ms a call on
 # local-sync against 56.0 on local-task in the run before. The decoding step's trial
-# ratios (local-sync's median over local-task's) in 36 runs of the decoding rows were
+# ratios (local-sync's median over local-task's) in 34 kept choices of the decoding rows were
 # 0.69-1.26, and at 1.26 (2026-12-07) the step took 7.47 ms a token on local-task against
 # 6.79 on local-sync in the run before; every graph of real compute under 20 ms chose
 # local-task by 1.40 or more (MobileNetV3 at one image 1.40 and 1.45, EfficientNet-B0
