@@ -416,9 +416,12 @@ def test_dump_dir_writes_every_stage(tmp_path):
 
 def test_iree_compile_runs_as_phases_that_verify_what_they_read():
     # Three processes in a pipe: the input conversion verified after every pass, the
-    # later phases verified as each parses the module the one before it wrote.
+    # later phases verified as each parses the module the one before it wrote (and on
+    # more than one core, the executables' grouping between the last two).
     assert_matches_eager(lambda x: x.exp() * 2, torch.randn(4), options={"cache": False})
     phases = tori.last_compile().graphs[0].stages["iree"].split(" | ")
+    if len(os.sched_getaffinity(0)) > 1:
+        assert "executable_groups.py" in phases.pop(2)
     assert len(phases) == 3
     assert "--compile-to=input" in phases[0] and "--verify" not in phases[0]
     assert "--compile-to=executable-configurations" in phases[1] and "--verify=false" in phases[1]
@@ -465,7 +468,10 @@ def test_a_module_that_cannot_go_between_phases_as_bytecode_goes_as_text(caplog)
     from tori.targets.build import compile_with_strategy
 
     with caplog.at_level("INFO", logger="tori.compile"):
-        vmfb, used, _ = compile_with_strategy(SIGNED_RESOURCE.encode(), Options(), Target.CPU, None, graph="signed")
+        # Linked as IREE links them: grouped executables go from the configuration phase as text anyway.
+        vmfb, used, _ = compile_with_strategy(SIGNED_RESOURCE.encode(),
+                                              Options(iree_flags=("--iree-hal-link-executables=true",)), Target.CPU,
+                                              None, graph="signed")
     assert used.text_between and "--emit-mlir-bytecode" not in used.shell_command("in.mlir")
     assert any("cannot serialize resource" in r.getMessage() for r in caplog.records)
     table, x = torch.randn(16, 4), torch.randn(1, 8, 4)

@@ -13,8 +13,8 @@ from tori.config import Options
 from tori.errors import CompileError, OptionsError, UnsupportedOpError
 from tori.targets import SPECS, Target, spec
 from tori.targets.codegen import Strategy
-from tori.targets.iree_compile import (IreeInvocation, compile_flags, compiled_in_backends, run_iree_compile,
-                                      unserializable)
+from tori.targets.iree_compile import (GROUPING_FAILED, IreeInvocation, compile_flags, compiled_in_backends,
+                                      run_iree_compile, unserializable)
 
 
 def compiled_targets(options: Options) -> tuple[Target, ...]:
@@ -94,11 +94,25 @@ _SCRATCH_REFUSALS = ("failed to hoist transient size computations",
 
 
 def invocation(options: Options, target: Target, extra: tuple[str, ...] = (),
-               codegen: Strategy | None = None, text_between: bool = False) -> IreeInvocation:
+               codegen: Strategy | None = None, text_between: bool = False, groups: int = 1) -> IreeInvocation:
     """iree-compile for `target`: its flags, the code generation strategy's, the user's, then `extra`."""
     chosen = codegen.flags_for(target) if codegen is not None else ()
     return IreeInvocation(tuple(compile_flags(target, target_arch(options, target), chosen + options.iree_flags + extra)),
-                          text_between)
+                          text_between, groups)
+
+
+# A CPU module's executables are compiled in one group per core the compile may use
+# (targets/executable_groups.py; at most MAX_EXECUTABLE_GROUPS), the module handed to the
+# grouping as text. A module that holds its weights (an artifact without external
+# weights) is larger than GROUPED_INPUT_LIMIT and is compiled linked, as IREE links it.
+MAX_EXECUTABLE_GROUPS = 8
+GROUPED_INPUT_LIMIT = 16 << 20
+
+
+def executable_groups(target: Target, bytecode: bytes) -> int:
+    if target is not Target.CPU or len(bytecode) > GROUPED_INPUT_LIMIT:
+        return 1
+    return min(len(os.sched_getaffinity(0)), MAX_EXECUTABLE_GROUPS)
 
 
 log = logging.getLogger("tori.compile")
@@ -112,7 +126,8 @@ def compile_with_strategy(bytecode: bytes, options: Options, target: Target, str
     and must never cost a graph its compile. Returns the vmfb, the invocation that made
     it and the strategy it used. The one way every path (torch.compile, every target of
     a multi-target compile, export) compiles a module."""
-    current = invocation(options, target, extra, strategy)
+    groups = executable_groups(target, bytecode)
+    current = invocation(options, target, extra, strategy, groups=groups)
     while True:
         try:
             return run_iree_compile(bytecode, current, graph=graph, timeout_s=options.compile_timeout_s), current, strategy
@@ -120,6 +135,10 @@ def compile_with_strategy(bytecode: bytes, options: Options, target: Target, str
             # An op IREE cannot lower, or a compile killed (past its time limit, or repeating
             # a diagnostic without end), fails with any flags.
             hopeless = isinstance(error, UnsupportedOpError) or error.reason.endswith("killed)")
+            if GROUPING_FAILED in error.reason and current.linked() is not None:
+                log.info("tori: graph %s: %s; its executables are compiled linked", graph, error.reason)
+                groups, current = 1, current.linked()
+                continue
             if unserializable(error) and current.as_text_between() is not None:
                 log.info("tori: graph %s: %s; iree-compile's phases hand the module on as text", graph, error.reason)
                 current = current.as_text_between()
@@ -128,7 +147,7 @@ def compile_with_strategy(bytecode: bytes, options: Options, target: Target, str
                 log.info("tori: graph %s: iree-compile failed with scratch memory passed in (%s); compiling it to "
                          "allocate its own", graph, error.reason)
                 extra = tuple(flag for flag in extra if flag != SCRATCH_FLAG)
-                current = invocation(options, target, extra, strategy, current.text_between)
+                current = invocation(options, target, extra, strategy, current.text_between, groups)
                 continue
             if strategy is None or not strategy.flags_for(target) or hopeless:
                 error.invocation = current  # for the repro command
@@ -139,7 +158,7 @@ def compile_with_strategy(bytecode: bytes, options: Options, target: Target, str
             log.warning("tori: graph %s: iree-compile failed with the code generation flags for %s (%s); compiling "
                         "with %s", graph, failed, error.reason,
                         "IREE's global-optimization data tiling" if strategy.rules else "IREE's defaults")
-            current = invocation(options, target, extra, strategy, current.text_between)
+            current = invocation(options, target, extra, strategy, current.text_between, groups)
 
 
 class OtherTargets:

@@ -10,6 +10,7 @@ import re
 import shlex
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -19,7 +20,7 @@ from functools import lru_cache
 from tori.errors import CompileError, UnsupportedOpError
 from tori.stages import Stage
 from tori.stats import counters
-from tori.targets import Target, spec
+from tori.targets import Target, executable_groups, spec
 
 # Flags every compilation gets: torch input, and float64 kept as float64 so results
 # have eager's dtype (unless the target's device has no float64: see TargetSpec.float64).
@@ -80,12 +81,22 @@ _TUNING_SPEC_FLAG = "--iree-codegen-tuning-spec-path"
 _ONE_THREAD = "--mlir-disable-threading"
 
 
+# Code generation of CPU executables merged into groups (targets/executable_groups.py):
+# the configuration phase hands the module on as text to the grouping program, and
+# code generation runs with IREE's linking off. A user's own linking flag keeps IREE's,
+# and so does a dump's eliding of large constants (the text would lose them).
+_LINK_FLAG = "--iree-hal-link-executables"
+_UNGROUPED_FLAGS = (_LINK_FLAG, "--mlir-elide", *_ONE_PROCESS_FLAGS)
+GROUPING_FAILED = "executable groups:"  # how the grouping program's errors begin
+
+
 @dataclass(frozen=True)
 class IreeInvocation:
     """One iree-compile run: flags and the input it reads, as the processes of PHASES."""
 
     flags: tuple[str, ...]
     text_between: bool = False  # the phases hand the module on as text (see PHASES)
+    groups: int = 1  # CPU executables compiled in this many groups (targets/executable_groups.py)
 
     def commands(self, input_path: str = "-", output_path: str = "-", tool: str | None = None) -> list[list[str]]:
         """The commands of the run, each reading the one before on its stdin."""
@@ -95,17 +106,31 @@ class IreeInvocation:
         if any(flag.startswith(_ONE_PROCESS_FLAGS) for flag in self.flags):
             return [[tool, input_path, *self.flags, *one_thread, "-o", output_path]]
         last = len(PHASES) - 1
-        between = ("--mlir-print-debuginfo",) if self.text_between else ("--emit-mlir-bytecode",)
-        return [[tool, input_path if i == 0 else "-", *self.flags, *phase, *(one_thread if i == 1 else ()),
-                 *(("-o", output_path) if i == last else (*between, "-o", "-"))]
-                for i, phase in enumerate(PHASES)]
+        as_text = ("--mlir-print-debuginfo",)
+        between = as_text if self.text_between else ("--emit-mlir-bytecode",)
+        commands = [[tool, input_path if i == 0 else "-", *self.flags, *phase, *(one_thread if i == 1 else ()),
+                     *(("-o", output_path) if i == last else (*(as_text if i == last - 1 and self.grouped else between),
+                                                               "-o", "-"))]
+                    for i, phase in enumerate(PHASES)]
+        if self.grouped:
+            commands[last][-2:-2] = [f"{_LINK_FLAG}=false"]
+            commands.insert(last, [sys.executable, executable_groups.__file__, str(self.groups)])
+        return commands
+
+    @property
+    def grouped(self) -> bool:
+        return self.groups > 1 and not any(flag.startswith(_UNGROUPED_FLAGS) for flag in self.flags)
 
     def as_text_between(self) -> "IreeInvocation | None":
         """The same run with the phases handing the module on as text; None when it
         already does, or runs as one process."""
         if self.text_between or len(self.commands(tool="iree-compile")) == 1:
             return None
-        return IreeInvocation(self.flags, text_between=True)
+        return IreeInvocation(self.flags, text_between=True, groups=self.groups)
+
+    def linked(self) -> "IreeInvocation | None":
+        """The same run with the executables linked as IREE links them; None when they are."""
+        return IreeInvocation(self.flags, self.text_between) if self.grouped else None
 
     def shell_command(self, input_path: str, output_path: str = "module.vmfb") -> str:
         return " | ".join(shlex.join(command) for command in self.commands(input_path, output_path, "iree-compile"))
