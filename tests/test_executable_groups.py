@@ -12,7 +12,7 @@ import torch
 
 import tori
 from tori.targets import Target, executable_groups
-from tori.targets.build import executable_groups as groups_for
+from tori.targets.build import GROUPED_INPUT_MIN, executable_groups as groups_for
 from tori.targets.executable_groups import GroupingError, group_executables
 from tori.targets.inspect import inspect_vmfb
 from tori.targets.iree_compile import IreeInvocation, run_iree_compile
@@ -112,15 +112,18 @@ def test_a_module_the_grouping_does_not_recognize_is_an_error_naming_what(change
 
 
 class _Net(torch.nn.Module):
+    # Large enough to be grouped (build.GROUPED_INPUT_MIN).
     def __init__(self):
         super().__init__()
         self.conv = torch.nn.Conv2d(3, 8, 3, padding=1)
         self.bn = torch.nn.BatchNorm2d(8)
+        self.conv2 = torch.nn.Conv2d(8, 8, 3, padding=1, groups=2)
         self.head = torch.nn.Linear(8, 5)
 
     def forward(self, x):
         y = torch.relu(self.bn(self.conv(x)))
-        return torch.softmax(self.head(y.mean((2, 3))), -1), y.amax(1)
+        z = torch.nn.functional.gelu(self.conv2(y)) + y
+        return torch.softmax(self.head(z.mean((2, 3))), -1), z.amax(1), z.flip(2) * y.sum(3, keepdim=True)
 
 
 def test_cpu_executables_compile_in_one_group_per_core_and_match_eager():
@@ -132,7 +135,9 @@ def test_cpu_executables_compile_in_one_group_per_core_and_match_eager():
     cores = min(len(os.sched_getaffinity(0)), 8)
     assert used.groups == cores and groups_for(Target.CPU, graph.iree_bytecode) == cores
     assert groups_for(Target.VULKAN, graph.iree_bytecode) == 1
+    assert len(graph.iree_bytecode) >= GROUPED_INPUT_MIN
     assert groups_for(Target.CPU, bytes(17 << 20)) == 1  # a module holding its weights: linked
+    assert groups_for(Target.CPU, bytes(1 << 10)) == 1  # a few ops: linked
     command = used.shell_command("in.mlirbc")
     assert ("--iree-hal-link-executables=false" in command) == (cores > 1)
     executables = inspect_vmfb(graph.compiled._vmfb).executables
@@ -147,11 +152,14 @@ def test_cpu_executables_compile_in_one_group_per_core_and_match_eager():
 def test_a_module_with_two_variants_per_executable_compiles_linked(caplog):
     # IREE's VMVX backend beside llvm-cpu: every executable has two variants, which the
     # grouping refuses; the graph still compiles, linked, with a note in the log.
-    model, x = _Net().eval(), torch.randn(2, 3, 12, 12)
+    model = torch.nn.Sequential(*(m for _ in range(14) for m in (torch.nn.Linear(16, 16), torch.nn.Tanh()))).eval()
+    x = torch.randn(4, 16)
     options = {"cache": False, "iree_flags": ["--iree-hal-local-target-device-backends=vmvx"]}
     with caplog.at_level("INFO", logger="tori.compile"), torch.no_grad():
         assert_matches_eager(model, x, options=options)
-    used = tori.compile_records()[-1].graphs[0].iree_invocation
+    graph = tori.compile_records()[-1].graphs[0]
+    used = graph.iree_invocation
+    assert len(graph.iree_bytecode) >= GROUPED_INPUT_MIN
     if min(len(os.sched_getaffinity(0)), 8) > 1:
         assert not used.grouped
         assert any("executable groups:" in r.getMessage() and "compiled linked" in r.getMessage()
