@@ -19,6 +19,7 @@ from torch_mlir.extras.fx_importer import ContextCache, FxImporter, FxImporterHo
 
 from tori.dialects import tori as tori_dialect
 from tori.errors import CompileError, UnsupportedOpError
+from tori.frontend import dialect_modules
 from tori.frontend.constant_origins import wrap_literal
 from tori.frontend.guard_facts import graph_facts, insert_facts
 from tori.frontend.higher_order import NodeImporter
@@ -30,6 +31,7 @@ FUNC_NAME = "main"
 
 
 def new_context() -> ir.Context:
+    dialect_modules.install()
     context = ir.Context()
     torch_d.register_dialect(context)
     tori_dialect.load(context)
