@@ -2,8 +2,8 @@
 
 iree-compile links every llvm-cpu executable of a module into one before serializing it,
 and LLVM's code generation of that one linked executable runs on one thread: on two
-cores about a third of a CNN's compile (docs/performance.md, "Executables compiled in
-groups"). Unlinked, each executable is an LLVM module of its own and pays LLVM's and the
+cores about a third of a CNN's compile (docs/performance.md, "CPU executables compiled
+in groups"). Unlinked, each executable is an LLVM module of its own and pays LLVM's and the
 linker's fixed costs (RegNetY's 354 took 40 s against 18). tori merges the executables,
 between the configuration phase and code generation (targets/iree_compile.py's PHASES),
 into as many groups as the compile has cores, and code generation runs with IREE's
