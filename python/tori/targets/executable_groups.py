@@ -115,10 +115,10 @@ def group_executables(text: str, groups: int) -> str:
         merged.extend([f"  hal.executable private @{head.name} {{", head.variant, *exports, _INNER_MODULE, *body,
                        "      }", "    }", "  }"])
     inside = {n for first, last in blocks for n in range(first, last + 1)}
-    host = "\n".join(line for n, line in enumerate(lines[:blocks[0][0]]) if n not in inside)
-    rest = "\n".join(line for n, line in enumerate(lines) if n >= blocks[0][0] and n not in inside)
     refer = lambda m: f"@{renamed.get(m.group(1), m.group(1))}::@"  # noqa: E731
-    return "\n".join([_REFERENCE.sub(refer, host), *merged, _REFERENCE.sub(refer, rest)])
+    host = [_REFERENCE.sub(refer, line) for n, line in enumerate(lines) if n not in inside]
+    first = blocks[0][0]  # the groups stand where the first executable stood
+    return "\n".join(host[:first] + merged + host[first:])
 
 
 def main(argv: list[str]) -> int:

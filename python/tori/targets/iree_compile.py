@@ -107,10 +107,11 @@ class IreeInvocation:
             return [[tool, input_path, *self.flags, *one_thread, "-o", output_path]]
         last = len(PHASES) - 1
         as_text = ("--mlir-print-debuginfo",)
-        between = as_text if self.text_between else ("--emit-mlir-bytecode",)
+        handoff = [as_text if self.text_between else ("--emit-mlir-bytecode",)] * last
+        if self.grouped:
+            handoff[last - 1] = as_text  # the grouping program reads text
         commands = [[tool, input_path if i == 0 else "-", *self.flags, *phase, *(one_thread if i == 1 else ()),
-                     *(("-o", output_path) if i == last else (*(as_text if i == last - 1 and self.grouped else between),
-                                                               "-o", "-"))]
+                     *(("-o", output_path) if i == last else (*handoff[i], "-o", "-"))]
                     for i, phase in enumerate(PHASES)]
         if self.grouped:
             commands[last][-2:-2] = [f"{_LINK_FLAG}=false"]
