@@ -16,6 +16,7 @@ import tori
 from tori.config import Options
 from tori.frontend.decomp.grouped_conv import SPLIT_MIN_GFLOP
 from tori.targets.codegen import direct_convolutions
+from tori.targets.dispatches import dispatches_of, recorded_flow_ir
 from tori.testing import assert_matches_eager
 
 CASES = {
@@ -132,6 +133,10 @@ def test_small_grouped_convolutions_keep_their_taps_where_splitting_them_would_n
         assert_matches_eager(conv, torch.randn(1, 888, 7, 7), rtol=1e-4, atol=1e-4)
     aten_code = tori.last_compile().graphs[0].stages["aten"]
     assert "aten.convolution" not in aten_code and "aten.bmm.default(" in aten_code
+    # The taps gathered in one indexing op: one copy dispatch (the padded input's), not
+    # one more per tap.
+    assert "aten.index.Tensor(" in aten_code and "aten.cat.default(" not in aten_code
+    assert dispatches_of(recorded_flow_ir(tori.last_compile().graphs[0])).by_kind()["slow"] == 1
 
 
 def test_grouped_convolution_float16_and_gradients():
@@ -165,8 +170,12 @@ def test_convolution_over_few_pixels_is_a_matmul_of_its_columns_where_direct_ker
     direct = direct_convolutions(Options())
     assert (aten_code.count("aten.mm.default("), aten_code.count("aten.convolution.default(")) == (
         (1, 0) if direct else (0, 1))
-    # The columns read the padded input channels last, the weight in the same (kh, kw, C) order.
-    assert not direct or "aten.stack.default(" in aten_code or "aten.cat.default(" in aten_code
+    if direct:
+        # The columns: the padded input's windows, channels last, in one indexing op that
+        # IREE makes one gather dispatch (the kh*kw views stacked were a copy dispatch each).
+        assert "aten.index.Tensor(" in aten_code and "aten.cat.default(" not in aten_code
+        dispatches = dispatches_of(recorded_flow_ir(tori.last_compile().graphs[0]))
+        assert dispatches.by_kind()["slow"] <= 1, dispatches.entries  # the padded input's copy
 
 
 @pytest.mark.parametrize("length, stride, padding, dilation, batched", [

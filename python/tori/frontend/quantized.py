@@ -112,13 +112,11 @@ def _signed_activations(gm: torch.fx.GraphModule, qd) -> int:
     return rewritten
 
 
-def _taps(q_input: torch.Tensor, pad_value, kh: int, kw: int, stride, padding, dilation,
-          channels_last: bool = False) -> tuple:
-    """The kh*kw strided views (row-major over the kernel) of a quantized NCHW input
-    padded with `pad_value` (its zero point, a number or a one-element tensor) that a
-    window's positions read, each (N, C, OH, OW), or (N, OH, OW, C) of the input
-    permuted to channels-last with `channels_last`; (batch, out_h, out_w); and the
-    padded input."""
+def _padded(q_input: torch.Tensor, pad_value, kh: int, kw: int, stride, padding, dilation,
+            channels_last: bool = False) -> tuple:
+    """A quantized NCHW input padded with `pad_value` (its zero point, a number or a
+    one-element tensor), or its channels-last permutation padded with `channels_last`;
+    and (batch, out_h, out_w) of the windows over it."""
     batch, channels, height, width = q_input.shape
     (ph, pw) = padding
     out_h, out_w = (_windows(size + 2 * p, k, s, d) for size, p, k, s, d in zip(
@@ -131,8 +129,7 @@ def _taps(q_input: torch.Tensor, pad_value, kh: int, kw: int, stride, padding, d
                              aten.constant_pad_nd.default(padded, border, 0), pad_value.to(q_input.dtype))
     elif ph or pw:
         padded = aten.constant_pad_nd.default(padded, border, pad_value)
-    views = _window_views(padded, kh, kw, stride, dilation, out_h, out_w, 1 if channels_last else 2)
-    return views, (batch, out_h, out_w), padded
+    return padded, (batch, out_h, out_w)
 
 
 def _windows(size: int, kernel: int, stride: int, dilation: int) -> int:
@@ -151,13 +148,43 @@ def _window_views(padded: torch.Tensor, kh: int, kw: int, stride, dilation, out_
             for i in range(kh) for j in range(kw)]
 
 
+def gathered_windows(padded: torch.Tensor, kernel, stride, dilation, height_dim: int, *,
+                     kernel_first: bool = False) -> torch.Tensor:
+    """The windows over `padded` (its spatial dimensions at `height_dim` and the next) in
+    one indexing op: those dimensions become (OH, OW, kh, kw), or (kh, kw, OH, OW) with
+    `kernel_first`.
+
+    IREE makes it one gather dispatch where the kh*kw strided views stacked were a copy
+    dispatch each, and an executable each to compile: ResNet-18 at one image 97 -> 45
+    dispatches a call, its iree-compile 3.7 -> 2.8 s, the same speed (docs/performance.md).
+    Padding inside the gather (positions clamped, the border selected) compiled slower
+    and ran slower than the padded input's own dispatch: 3.3-3.7 s against 2.4. The
+    positions come from arange (see decomp/pooling.py's `_windows`)."""
+    (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
+    if (kh, kw) == (1, 1):  # a window is a pixel: a strided view
+        pixels = padded[(slice(None),) * height_dim + (slice(None, None, sh), slice(None, None, sw))]
+        at = height_dim if kernel_first else height_dim + 2
+        return pixels.unsqueeze(at).unsqueeze(at)
+
+    def positions(size: int, k: int, step: int, spread: int) -> torch.Tensor:
+        """(windows, k): each window's positions along a padded dimension."""
+        starts = torch.arange(_windows(size, k, step, spread), device=padded.device).reshape(-1, 1) * step
+        return starts + torch.arange(k, device=padded.device) * spread
+
+    rows = positions(padded.shape[height_dim], kh, sh, dh)
+    cols = positions(padded.shape[height_dim + 1], kw, sw, dw)
+    if kernel_first:
+        rows, cols = rows.t(), cols.t()
+    heights, widths = rows.reshape(rows.shape[0], 1, rows.shape[1], 1), cols.reshape(1, cols.shape[0], 1, -1)
+    return padded[(slice(None),) * height_dim + (heights, widths)]
+
+
 def _columns(q_input: torch.Tensor, pad_value, kh: int, kw: int, stride, padding, dilation) -> tuple:
     """im2col of a quantized NCHW input padded with `pad_value`, built channels-last:
     rows (n, oh, ow), columns in (kh, kw, c) order (`_flat_weight`'s); and (batch,
     out_h, out_w)."""
-    taps, shape, _ = _taps(q_input, pad_value, kh, kw, stride, padding, dilation, channels_last=True)
-    columns = taps[0] if len(taps) == 1 else torch.stack(taps, 3)
-    return columns.reshape(math.prod(shape), -1), shape
+    padded, shape = _padded(q_input, pad_value, kh, kw, stride, padding, dilation, channels_last=True)
+    return gathered_windows(padded, (kh, kw), stride, dilation, 1).reshape(math.prod(shape), -1), shape
 
 
 def _flat_weight(q_weight: torch.Tensor) -> torch.Tensor:
@@ -276,11 +303,12 @@ def int8_grouped_conv2d(q_input: torch.Tensor, input_scale, input_zero, input_dt
     qd = torch.ops.quantized_decomposed
     outputs, per_group, kh, kw = q_weight.shape
     depth, group_outputs = per_group * kh * kw, outputs // groups
-    taps, (batch, out_h, out_w), padded = _taps(q_input, input_zero, kh, kw, stride, padding, dilation)
+    padded, (batch, out_h, out_w) = _padded(q_input, input_zero, kh, kw, stride, padding, dilation)
     positions = out_h * out_w
     # columns [G, c*kh*kw, N*OH*OW]: a group's channels, each with its kh*kw taps, the
     # images side by side (Torch-MLIR's integer matmul is one of two 3-D operands)
-    x = torch.stack(taps, 2).reshape(batch, groups, depth, positions).permute(1, 2, 0, 3)
+    x = gathered_windows(padded, (kh, kw), stride, dilation, 2, kernel_first=True)
+    x = x.reshape(batch, groups, depth, positions).permute(1, 2, 0, 3)
     x = x.reshape(groups, depth, batch * positions)
     w = q_weight.reshape(groups, group_outputs, depth)
     as_integers = [qd.dequantize_per_tensor.default(t, 1.0, 0, -128, 127, torch.int8) for t in (w, x)]

@@ -29,7 +29,7 @@ import torch
 
 from tori.frontend.decomp.pytorch import window_extent
 from tori.frontend.decompositions import as_is, register_decomposition
-from tori.frontend.quantized import integer_grouped_convolution, quantized_convolution
+from tori.frontend.quantized import gathered_windows, integer_grouped_convolution, quantized_convolution
 from tori.targets.codegen import conv_flop
 
 aten = torch.ops.aten
@@ -87,12 +87,20 @@ def _split_per_group(x: torch.Tensor, weight: torch.Tensor, stride, padding, dil
     return conv_flop(out, weight.shape) / 1e9 >= SPLIT_MIN_GFLOP and _direct_convolutions()
 
 
+def _zero_padded(x: torch.Tensor, padding, channels_last: bool = False) -> torch.Tensor:
+    """An NCHW input (or its NHWC permutation) with `padding` zeros around each image."""
+    ph, pw = padding
+    if not (ph or pw):
+        return x
+    return aten.constant_pad_nd.default(x, [0, 0, pw, pw, ph, ph] if channels_last else [pw, pw, ph, ph], 0.0)
+
+
 def _taps(x: torch.Tensor, kernel, stride, padding, dilation):
     """The kh*kw strided views of the zero-padded input that a window's positions read,
     row-major over the kernel, each (N, C, OH, OW)."""
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
+    (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
     out_h, out_w = _output_size(x, kernel, stride, padding, dilation)
-    padded = aten.constant_pad_nd.default(x, [pw, pw, ph, ph], 0.0) if ph or pw else x
+    padded = _zero_padded(x, padding)
     return [padded[:, :, i * dh: i * dh + sh * (out_h - 1) + 1: sh, j * dw: j * dw + sw * (out_w - 1) + 1: sw]
             for i in range(kh) for j in range(kw)], out_h, out_w
 
@@ -188,15 +196,10 @@ def _small_image_as_matmul(x, weight, bias, stride, padding, dilation, transpose
     out_h, out_w = _output_size(x, (kh, kw), stride, padding, dilation)
     if out_h < 1 or out_w < 1 or x.shape[0] * out_h * out_w > SMALL_IMAGE_ROWS or not _direct_convolutions():
         return None
-    # The taps of the channels-last input, not `_taps`' channels-first ones permuted after:
+    # The windows of the channels-last input, not the channels-first ones permuted after:
     # those ran ResNet-18 in 33.5 ms at one image against 26.8, 171.0 at 8 against 155.4.
-    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
-    pixels = x.permute(0, 2, 3, 1)
-    padded = aten.constant_pad_nd.default(pixels, [0, 0, pw, pw, ph, ph], 0.0) if ph or pw else pixels
-    taps = [padded[:, i * dh: i * dh + sh * (out_h - 1) + 1: sh, j * dw: j * dw + sw * (out_w - 1) + 1: sw, :]
-            for i in range(kh) for j in range(kw)]
-    rows = x.shape[0] * out_h * out_w
-    windows = torch.stack(taps, 3).reshape(rows, kh * kw * channels)  # (kh, kw, C) per row
+    padded = _zero_padded(x.permute(0, 2, 3, 1), padding, channels_last=True)
+    windows = gathered_windows(padded, (kh, kw), stride, dilation, 1).reshape(-1, kh * kw * channels)
     columns = weight.permute(0, 2, 3, 1).reshape(out_channels, kh * kw * channels)
     out = torch.mm(windows, columns.t())
     if bias is not None:
@@ -233,9 +236,9 @@ def grouped_conv2d(op, x, weight, bias, stride, padding, dilation, transposed, o
                  for part, part_weight in zip(torch.chunk(x, groups, 1), torch.chunk(weight, groups, 0))]
         out = torch.cat(parts, 1)
         return out if bias is None else out + bias.reshape(1, out_channels, 1, 1)
-    taps, out_h, out_w = _taps(x, (kh, kw), stride, padding, dilation)
     batch = x.shape[0]
     if per_group == 1 and out_channels == groups:  # depthwise, 16-bit floats (computed in float32)
+        taps, out_h, out_w = _taps(x, (kh, kw), stride, padding, dilation)
         columns = weight.reshape(out_channels, kh * kw)
         out = None
         for index, tap in enumerate(taps):
@@ -243,7 +246,9 @@ def grouped_conv2d(op, x, weight, bias, stride, padding, dilation, transposed, o
             out = term if out is None else out + term
     else:
         # columns (N, G, c*kh*kw, OH*OW) in the weight's (c, kh, kw) order
-        columns = torch.stack(taps, 2).reshape(batch, groups, per_group * kh * kw, out_h * out_w)
+        windows = gathered_windows(_zero_padded(x, padding), (kh, kw), stride, dilation, 2, kernel_first=True)
+        out_h, out_w = windows.shape[-2:]
+        columns = windows.reshape(batch, groups, per_group * kh * kw, out_h * out_w)
         out = torch.matmul(weight.reshape(groups, out_channels // groups, per_group * kh * kw), columns)
         out = out.reshape(batch, out_channels, out_h, out_w)
     return out if bias is None else out + bias.reshape(1, out_channels, 1, 1)
