@@ -17,9 +17,10 @@ input. A 16-bit depthwise convolution multiplies each tap by its weight column a
 sums, which IREE fuses into one elementwise dispatch (0.61 ms for the 7x7). A float32
 grouped convolution with several channels per group runs as one convolution per group
 where IREE's direct channels-last kernels run them and it has the work to pay for
-their executables (`MAX_SPLIT_GROUPS`, `SPLIT_MIN_GFLOP`); any other stacks the taps
-into im2col columns per group and multiplies them by the group's weights in one
-batched matmul (1.1 ms for the 3x3). A grouped convolution of a quantized activation
+their executables (`MAX_SPLIT_GROUPS`, `SPLIT_MIN_GFLOP`); any other gathers its windows
+into im2col columns per group (`gathered_windows`: one gather dispatch, not a copy per
+tap) and multiplies them by the group's weights in one batched matmul (1.1 ms for the
+3x3). A grouped convolution of a quantized activation
 and an int8 weight stays whole: frontend/quantized.py makes it integer arithmetic.
 """
 
