@@ -148,11 +148,9 @@ def _window_views(padded: torch.Tensor, kh: int, kw: int, stride, dilation, out_
             for i in range(kh) for j in range(kw)]
 
 
-def gathered_windows(padded: torch.Tensor, kernel, stride, dilation, height_dim: int, *,
-                     kernel_first: bool = False) -> torch.Tensor:
-    """The windows over `padded` (its spatial dimensions at `height_dim` and the next) in
-    one indexing op: those dimensions become (OH, OW, kh, kw), or (kh, kw, OH, OW) with
-    `kernel_first`.
+def gathered_windows(padded: torch.Tensor, kernel, stride, dilation) -> torch.Tensor:
+    """The windows over a padded channels-last [N, H, W, C] input in one indexing op:
+    [N, OH, OW, kh, kw, C].
 
     IREE makes it one gather dispatch where the kh*kw strided views stacked were a copy
     dispatch each, and an executable each to compile: ResNet-18 at one image 97 -> 45
@@ -162,21 +160,15 @@ def gathered_windows(padded: torch.Tensor, kernel, stride, dilation, height_dim:
     positions come from arange (see decomp/pooling.py's `_windows`)."""
     (kh, kw), (sh, sw), (dh, dw) = kernel, stride, dilation
     if (kh, kw) == (1, 1):  # a window is a pixel: a strided view
-        pixels = padded[(slice(None),) * height_dim + (slice(None, None, sh), slice(None, None, sw))]
-        at = height_dim if kernel_first else height_dim + 2
-        return pixels.unsqueeze(at).unsqueeze(at)
+        return padded[:, ::sh, ::sw, None, None, :]
 
     def positions(size: int, k: int, step: int, spread: int) -> torch.Tensor:
         """(windows, k): each window's positions along a padded dimension."""
         starts = torch.arange(_windows(size, k, step, spread), device=padded.device).reshape(-1, 1) * step
         return starts + torch.arange(k, device=padded.device) * spread
 
-    rows = positions(padded.shape[height_dim], kh, sh, dh)
-    cols = positions(padded.shape[height_dim + 1], kw, sw, dw)
-    if kernel_first:
-        rows, cols = rows.t(), cols.t()
-    heights, widths = rows.reshape(rows.shape[0], 1, rows.shape[1], 1), cols.reshape(1, cols.shape[0], 1, -1)
-    return padded[(slice(None),) * height_dim + (heights, widths)]
+    rows, cols = positions(padded.shape[1], kh, sh, dh), positions(padded.shape[2], kw, sw, dw)
+    return padded[:, rows.reshape(rows.shape[0], 1, kh, 1), cols.reshape(1, cols.shape[0], 1, kw)]
 
 
 def _columns(q_input: torch.Tensor, pad_value, kh: int, kw: int, stride, padding, dilation) -> tuple:
@@ -184,7 +176,7 @@ def _columns(q_input: torch.Tensor, pad_value, kh: int, kw: int, stride, padding
     rows (n, oh, ow), columns in (kh, kw, c) order (`_flat_weight`'s); and (batch,
     out_h, out_w)."""
     padded, shape = _padded(q_input, pad_value, kh, kw, stride, padding, dilation, channels_last=True)
-    return gathered_windows(padded, (kh, kw), stride, dilation, 1).reshape(math.prod(shape), -1), shape
+    return gathered_windows(padded, (kh, kw), stride, dilation).reshape(math.prod(shape), -1), shape
 
 
 def _flat_weight(q_weight: torch.Tensor) -> torch.Tensor:
@@ -307,8 +299,8 @@ def int8_grouped_conv2d(q_input: torch.Tensor, input_scale, input_zero, input_dt
     positions = out_h * out_w
     # columns [G, c*kh*kw, N*OH*OW]: a group's channels, each with its kh*kw taps, the
     # images side by side (Torch-MLIR's integer matmul is one of two 3-D operands)
-    x = gathered_windows(padded, (kh, kw), stride, dilation, 2, kernel_first=True)
-    x = x.reshape(batch, groups, depth, positions).permute(1, 2, 0, 3)
+    taps = _window_views(padded, kh, kw, stride, dilation, out_h, out_w)
+    x = torch.stack(taps, 2).reshape(batch, groups, depth, positions).permute(1, 2, 0, 3)
     x = x.reshape(groups, depth, batch * positions)
     w = q_weight.reshape(groups, group_outputs, depth)
     as_integers = [qd.dequantize_per_tensor.default(t, 1.0, 0, -128, 127, torch.int8) for t in (w, x)]

@@ -17,10 +17,11 @@ input. A 16-bit depthwise convolution multiplies each tap by its weight column a
 sums, which IREE fuses into one elementwise dispatch (0.61 ms for the 7x7). A float32
 grouped convolution with several channels per group runs as one convolution per group
 where IREE's direct channels-last kernels run them and it has the work to pay for
-their executables (`MAX_SPLIT_GROUPS`, `SPLIT_MIN_GFLOP`); any other gathers its windows
-into im2col columns per group (`gathered_windows`: one gather dispatch, not a copy per
-tap) and multiplies them by the group's weights in one batched matmul (1.1 ms for the
-3x3). A grouped convolution of a quantized activation
+their executables (`MAX_SPLIT_GROUPS`, `SPLIT_MIN_GFLOP`); any other stacks the taps
+into im2col columns per group and multiplies them by the group's weights in one
+batched matmul (1.1 ms for the 3x3; its columns gathered channels first, as
+`gathered_windows` gathers those of few pixels channels last, ran RegNetY-1.6GF at one
+image in 56-61 ms against 30 on IREE's task driver: docs/performance.md). A grouped convolution of a quantized activation
 and an int8 weight stays whole: frontend/quantized.py makes it integer arithmetic.
 """
 
@@ -200,7 +201,7 @@ def _small_image_as_matmul(x, weight, bias, stride, padding, dilation, transpose
     # The windows of the channels-last input, not the channels-first ones permuted after:
     # those ran ResNet-18 in 33.5 ms at one image against 26.8, 171.0 at 8 against 155.4.
     padded = _zero_padded(x.permute(0, 2, 3, 1), padding, channels_last=True)
-    windows = gathered_windows(padded, (kh, kw), stride, dilation, 1).reshape(-1, kh * kw * channels)
+    windows = gathered_windows(padded, (kh, kw), stride, dilation).reshape(-1, kh * kw * channels)
     columns = weight.permute(0, 2, 3, 1).reshape(out_channels, kh * kw * channels)
     out = torch.mm(windows, columns.t())
     if bias is not None:
@@ -237,9 +238,9 @@ def grouped_conv2d(op, x, weight, bias, stride, padding, dilation, transposed, o
                  for part, part_weight in zip(torch.chunk(x, groups, 1), torch.chunk(weight, groups, 0))]
         out = torch.cat(parts, 1)
         return out if bias is None else out + bias.reshape(1, out_channels, 1, 1)
+    taps, out_h, out_w = _taps(x, (kh, kw), stride, padding, dilation)
     batch = x.shape[0]
     if per_group == 1 and out_channels == groups:  # depthwise, 16-bit floats (computed in float32)
-        taps, out_h, out_w = _taps(x, (kh, kw), stride, padding, dilation)
         columns = weight.reshape(out_channels, kh * kw)
         out = None
         for index, tap in enumerate(taps):
@@ -247,9 +248,7 @@ def grouped_conv2d(op, x, weight, bias, stride, padding, dilation, transposed, o
             out = term if out is None else out + term
     else:
         # columns (N, G, c*kh*kw, OH*OW) in the weight's (c, kh, kw) order
-        windows = gathered_windows(_zero_padded(x, padding), (kh, kw), stride, dilation, 2, kernel_first=True)
-        out_h, out_w = windows.shape[-2:]
-        columns = windows.reshape(batch, groups, per_group * kh * kw, out_h * out_w)
+        columns = torch.stack(taps, 2).reshape(batch, groups, per_group * kh * kw, out_h * out_w)
         out = torch.matmul(weight.reshape(groups, out_channels // groups, per_group * kh * kw), columns)
         out = out.reshape(batch, out_channels, out_h, out_w)
     return out if bias is None else out + bias.reshape(1, out_channels, 1, 1)
