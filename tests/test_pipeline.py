@@ -297,13 +297,14 @@ def _by_the_rule(median_us: dict[str, float]) -> str:
 
 
 @pytest.mark.parametrize("sync_ms, task_ms, chosen", [(11, 10, "local-sync"), (12, 10, "local-sync"),
-                                                      (16, 10, "local-task"), (27, 25, "local-task")])
+                                                      (16, 10, "local-task"), (30, 25, "local-task")])
 def test_local_task_is_chosen_only_where_it_is_clearly_faster(sync_ms, task_ms, chosen):
     """Short periods 10% or 1.2x shorter on local-task keep local-sync (its threads cost the
     process more than its periods show; a decoding step's trials reached 1.26x); 1.6x
-    shorter choose it, and so do long ones 8% shorter."""
+    shorter choose it, and so do long ones 1.2x shorter (the margin's ratio for short ones;
+    2 ms apart, 27 against 25, a loaded machine's sleeps measured 27.9 against 28.1)."""
     fn = {"11": lambda x: x * 5 - 2, "12": lambda x: x * 6 - 1, "16": lambda x: x * 7 - 3,
-          "27": lambda x: x * 9 - 4}[str(sync_ms)]
+          "30": lambda x: x * 9 - 4}[str(sync_ms)]
     compiled = torch.compile(fn, backend="tori", options={"fallback": "error"})
     x = torch.randn(8)
     compiled(x)  # the first trial call, a warm-up
