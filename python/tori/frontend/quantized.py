@@ -137,12 +137,10 @@ def _windows(size: int, kernel: int, stride: int, dilation: int) -> int:
     return (size - dilation * (kernel - 1) - 1) // stride + 1
 
 
-def _window_views(padded: torch.Tensor, kh: int, kw: int, stride, dilation, out_h: int, out_w: int,
-                  height_dim: int = 2) -> list:
-    """The kh*kw strided views of `padded` (its spatial dimensions at `height_dim` and
-    the next) that the windows read."""
+def _window_views(padded: torch.Tensor, kh: int, kw: int, stride, dilation, out_h: int, out_w: int) -> list:
+    """The kh*kw strided views of an NCHW `padded` that the windows read."""
     (sh, sw), (dh, dw) = stride, dilation
-    lead = (slice(None),) * height_dim
+    lead = (slice(None),) * 2
     return [padded[(*lead, slice(i * dh, i * dh + sh * (out_h - 1) + 1, sh),
                     slice(j * dw, j * dw + sw * (out_w - 1) + 1, sw))]
             for i in range(kh) for j in range(kw)]

@@ -21,8 +21,9 @@ their executables (`MAX_SPLIT_GROUPS`, `SPLIT_MIN_GFLOP`); any other stacks the 
 into im2col columns per group and multiplies them by the group's weights in one
 batched matmul (1.1 ms for the 3x3; its columns gathered channels first, as
 `gathered_windows` gathers those of few pixels channels last, ran RegNetY-1.6GF at one
-image in 56-61 ms against 30 on IREE's task driver: docs/performance.md). A grouped convolution of a quantized activation
-and an int8 weight stays whole: frontend/quantized.py makes it integer arithmetic.
+image in 56-61 ms against 30 on IREE's task driver: docs/performance.md). A grouped
+convolution of a quantized activation and an int8 weight stays whole:
+frontend/quantized.py makes it integer arithmetic.
 """
 
 from __future__ import annotations
