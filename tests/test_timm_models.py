@@ -40,3 +40,5 @@ def test_timm_model_matches_eager(name):
     assert graphs and all(g.compiled is not None for g in graphs)
     # Code generation was chosen per graph (its op families are recorded).
     assert any(g.codegen is not None and g.codegen.uses for g in graphs)
+    # ...and its flags compiled the first time (no second compile on another path).
+    assert not [g.codegen.dropped for g in graphs if g.codegen is not None and g.codegen.dropped]

@@ -296,7 +296,7 @@ def test_a_matmul_after_a_convolution_is_left_to_iree(filecheck):
     # writes it: IREE fused the pack into the convolution's dispatch, which then crawled.
     x, w, c, o = t(8, 256, 8, 8), t(256, 256, 3, 3), t(8, 256, 8, 8), t(8, 8, 8, 256)
     filecheck(f"""
-        func.func @conv_then_mm(%arg0: {x}, %arg1: {w}, %arg2: {t(256, 256)}) -> {t(512, 256)} {{
+        func.func @conv_then_mm(%arg0: {x}, %arg1: {w}, %arg2: {t(256, 256)}, %arg3: {t(512, 256)}) -> {t(512, 256)} {{
           %none = torch.constant.none
           %false = torch.constant.bool false
           %int0 = torch.constant.int 0
@@ -314,13 +314,82 @@ def test_a_matmul_after_a_convolution_is_left_to_iree(filecheck):
           %size = torch.prim.ListConstruct %int512, %int256 : (!torch.int, !torch.int) -> !torch.list<int>
           %3 = torch.aten.view %2, %size : {o}, !torch.list<int> -> {t(512, 256)}
           %4 = torch.aten.mm %3, %arg2 : {t(512, 256)}, {t(256, 256)} -> {t(512, 256)}
-          %5 = torch.aten.mm %4, %arg2 : {t(512, 256)}, {t(256, 256)} -> {t(512, 256)}
-          return %5 : {t(512, 256)}
+          %5 = torch.aten.mm %arg3, %arg2 : {t(512, 256)}, {t(256, 256)} -> {t(512, 256)}
+          %6 = torch.aten.add.Tensor %4, %5, %int1 : {t(512, 256)}, {t(512, 256)}, !torch.int -> {t(512, 256)}
+          return %6 : {t(512, 256)}
         }}
     """, """
         # CHECK-LABEL: func.func @conv_then_mm
         # CHECK:         torch.aten.convolution
-        # CHECK:         %[[FIRST:.+]] = torch.aten.mm
-        # CHECK:         "torch_c.to_builtin_tensor"(%[[FIRST]])
-        # CHECK:         call @tori_packed_mm_512x256x256_8x32_direct(
+        # CHECK:         torch.aten.mm %{{.+}}, %arg2
+        # CHECK:         "torch_c.to_builtin_tensor"(%arg3)
+        # CHECK:         call @tori_packed_mm_512x256x256_12x32(
     """)
+
+
+def residual_block(first: int, broadcast_only: bool) -> str:
+    """`@block`: a 1x1 convolution's matmul of 1568 pixels from `first` channels onto
+    80, its BatchNorm (a scale and shift of 80 values), the residual add and a ReLU,
+    then the next block's matmul onto 480 channels; `broadcast_only`: the first matmul
+    reaches the second only as a per-channel scale (a squeeze-excitation gate)."""
+    x, w1, h, w2, out, c = t(1568, first), t(first, 80), t(1568, 80), t(80, 480), t(1568, 480), t(80)
+    gate = t(8, 80)
+    if broadcast_only:
+        first_mm = f"""%m = torch.aten.mm %g, %w1 : {t(8, first)}, {w1} -> {gate}
+          %s = torch.aten.sigmoid %m : {gate} -> {gate}
+          %s0 = torch.aten.view %s, %s_size : {gate}, !torch.list<int> -> {t(8, 1, 80)}
+          %x3 = torch.aten.view %x1, %x_size : {h}, !torch.list<int> -> {t(8, 196, 80)}
+          %gated = torch.aten.mul.Tensor %x3, %s0 : {t(8, 196, 80)}, {t(8, 1, 80)} -> {t(8, 196, 80)}
+          %0 = torch.aten.view %gated, %flat : {t(8, 196, 80)}, !torch.list<int> -> {h}"""
+        inputs = f"%g: {t(8, first)}, %x1: {h}"
+    else:
+        first_mm = f"%0 = torch.aten.mm %x, %w1 : {x}, {w1} -> {h}"
+        inputs = f"%x: {x}, %x1: {h}"
+    return f"""
+        func.func @block({inputs}, %w1: {w1}, %scale: {c}, %shift: {c}, %w2: {w2}) -> {out} {{
+          %int1 = torch.constant.int 1
+          %int8 = torch.constant.int 8
+          %int80 = torch.constant.int 80
+          %int196 = torch.constant.int 196
+          %int1568 = torch.constant.int 1568
+          %s_size = torch.prim.ListConstruct %int8, %int1, %int80 : (!torch.int, !torch.int, !torch.int) -> !torch.list<int>
+          %x_size = torch.prim.ListConstruct %int8, %int196, %int80 : (!torch.int, !torch.int, !torch.int) -> !torch.list<int>
+          %flat = torch.prim.ListConstruct %int1568, %int80 : (!torch.int, !torch.int) -> !torch.list<int>
+          {first_mm}
+          %1 = torch.aten.mul.Tensor %0, %scale : {h}, {c} -> {h}
+          %2 = torch.aten.add.Tensor %1, %shift, %int1 : {h}, {c}, !torch.int -> {h}
+          %3 = torch.aten.add.Tensor %2, %x1, %int1 : {h}, {h}, !torch.int -> {h}
+          %4 = torch.aten.relu %3 : {h} -> {h}
+          %5 = torch.aten.mm %4, %w2 : {h}, {w2} -> {out}
+          %6 = torch.aten.relu %5 : {out} -> {out}
+          return %6 : {out}
+        }}
+    """
+
+
+def test_a_matmul_after_one_left_to_iree_data_tiling_is_left_to_it_too(filecheck):
+    # MobileNetV3 at 8 images: the 1x1 convolution onto 80 channels (46 MFLOP, too small
+    # to pack) and, through its BatchNorm and the residual add, the next block's onto 480.
+    # Packed in tori's tiles, the second's pack joined the first's unpack from IREE's
+    # tiles in one dispatch, whose vector IREE refused ("large vector sizes").
+    output = filecheck(residual_block(184, broadcast_only=False), """
+        # CHECK-LABEL: func.func @block
+        # CHECK:         torch.aten.mm %{{.+}} : !torch.vtensor<[1568,184],f32>
+        # CHECK:         torch.aten.mm %{{.+}} : !torch.vtensor<[1568,80],f32>, !torch.vtensor<[80,480],f32>
+    """)
+    assert "tori_packed_mm" not in output
+    # A matmul that reaches the second only through a broadcast operand (a gate of 8x80)
+    # leaves it packed.
+    filecheck(residual_block(184, broadcast_only=True), """
+        # CHECK-LABEL: func.func @block
+        # CHECK:         torch.aten.mm %{{.+}} : !torch.vtensor<[8,184],f32>
+        # CHECK:         call @tori_packed_mm_1568x80x480_14x32(
+    """)
+    # A first matmul large enough to pack (onto 80 from 480 channels: 120 MFLOP) is
+    # packed, and so is the one after it.
+    output = filecheck(residual_block(480, broadcast_only=False), """
+        # CHECK-LABEL: func.func @block
+        # CHECK:         call @tori_packed_mm_1568x480x80_14x32(
+        # CHECK:         call @tori_packed_mm_1568x80x480_14x32(
+    """)
+    assert "torch.aten.mm" not in output
