@@ -204,3 +204,22 @@ def test_grouped_convolution_compiles_where_no_quantized_op_is_registered():
         "print('compiled')\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]
+
+
+def test_split_groups_weights_are_globals_of_their_own():
+    # RegNetY's first stage at 224x224: each group's weight a copy made by the weight
+    # prologue when the weights load, so that IREE's initializer lays the groups' filters
+    # out with one executable rather than one per offset into the whole weight.
+    from iree.compiler import ir
+
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(48, 48, 3, 1, 1, 1, 2, False).eval()
+    x = torch.randn(1, 48, 56, 57)
+    with torch.no_grad():
+        assert_matches_eager(conv, x, rtol=1e-4, atol=1e-5)
+    graph = tori.last_compile().graphs[0]
+    context = ir.Context()
+    context.allow_unregistered_dialects = True
+    text = ir.Module.parse(graph.iree_bytecode, context).operation.get_asm()
+    derived = re.findall(r"util\.global private @derived\d+ .*?: (tensor<[^>]*>)", text)
+    assert derived == (["tensor<24x24x3x3xf32>"] * 2 if direct_convolutions(Options()) else [])

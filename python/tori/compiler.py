@@ -87,10 +87,12 @@ def compile(model: Callable | None = None, *, target: Target | str | None = None
 
 def reset() -> None:
     """Clear Dynamo's state and every tori cache in memory; the next call recompiles."""
+    from tori.frontend import compile_heap
     from tori.frontend.records import clear_records
     from tori.runtime.devices import release_all
 
     _torch_compiler.reset()
+    compile_heap.install()  # torch's reset dropped Dynamo's compile callbacks
     clear_records()
     gc.collect()  # compiled modules hold IREE contexts: free them before their devices
     release_all()

@@ -20,6 +20,7 @@ from torch._dynamo.exc import BackendCompilerFailed, RestartAnalysis, SkipFrame
 from tori import distributed
 from tori.config import Fallback, Options
 from tori.errors import CheckFailedError, CompileError, OptionsError, ToriError, ToriRuntimeError, through_dynamo
+from tori.frontend import compile_heap
 from tori.frontend.alias_outputs import restrider, user_outputs
 from tori.frontend.compile_graph import compile_graph
 from tori.frontend.constant_origins import ORIGIN, AssumedConstant, assumed_constants
@@ -40,9 +41,12 @@ log = logging.getLogger("tori.backend")
 # Exceptions by which Dynamo steers its own tracing; they pass through the backend.
 _DYNAMO_CONTROL_FLOW = (RestartAnalysis, SkipFrame)
 
+compile_heap.install()
+
 
 def tori_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], options: dict | None = None, **unknown: Any):
     """Compile one Dynamo graph with tori; options as in `torch.compile(..., options={...})`."""
+    compile_heap.install()
     try:
         if unknown:
             raise OptionsError(
