@@ -110,11 +110,13 @@ CONVOLUTION_DEPTH = 6
 # too small to pack, its BatchNorm, the residual add, the next block's 1x1 convolution),
 # stays with IREE too: IREE fused the first one's unpack from its 16x16 tiles and tori's
 # pack into 14-row tiles into one dispatch, whose vector (112 rows by 80 columns, 35 KB)
-# it refused ("large vector sizes"): MobileNetV3 at 8 images then compiled a second time
-# on IREE's other data-tiling path, 10.1 s of compile against 5.5 with the rule, 40.9
-# against 40.7 ms a call. Where it compiled either way the rule changed little (same
-# process, calls alternating, ms, without and with it): ResNet-50 48.5 and 48.3 at one
-# image, 372.1 and 369.1 at 8; RegNetY-1.6GF 45.9 and 45.7, 182.0 and 182.1.
+# it refused ("large vector sizes"), and MobileNetV3 at 8 images compiled a second time
+# on IREE's other data-tiling path. Same process, calls alternating, without the rule
+# then with it (ms a call; s of compile): MobileNetV3 at 8 images 42.6 against 41.2 ms,
+# 11.2 and 10.2 s against 6.3; where it compiled either way the rule changed little:
+# EfficientNet-B0 at 8 images 78.3, 76.9 against 78.0, 76.9 ms; ResNet-50 48.6 against
+# 49.1 at one image, 381.5 against 382.6 at 8; RegNetY-1.6GF at one image 46.8 against
+# 46.7.
 DATA_TILED_DEPTH = 8
 # A tile of up to this many rows fewer than the CPU's where it pads the matmul's rows
 # less: 128 rows (a sequence of 128 tokens) in 10 tiles of 13 rows, not 140 rows in 10
