@@ -206,15 +206,19 @@ def test_grouped_convolution_compiles_where_no_quantized_op_is_registered():
     assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]
 
 
-def test_split_groups_weights_are_globals_of_their_own():
-    # RegNetY's first stage at 224x224: each group's weight a copy made by the weight
-    # prologue when the weights load, so that IREE's initializer lays the groups' filters
-    # out with one executable rather than one per offset into the whole weight.
+def test_split_groups_read_slabs_and_their_weights_are_globals_of_their_own():
+    # 4 groups of 24 channels at 28x29, 0.17 GFLOP: split where direct kernels run. Each
+    # group reads a contiguous slab of the input laid out (G, N, H, W, c): one transpose
+    # around all groups, no copy of each group's channels in and out (8 copy dispatches
+    # when its channels were sliced from the NCHW input). Each group's weight is a copy
+    # made by the weight prologue when the weights load, so that IREE's initializer lays
+    # the groups' filters out with one executable rather than one per offset into the
+    # whole weight.
     from iree.compiler import ir
 
     torch.manual_seed(0)
-    conv = torch.nn.Conv2d(48, 48, 3, 1, 1, 1, 2, False).eval()
-    x = torch.randn(1, 48, 56, 57)
+    conv = torch.nn.Conv2d(96, 96, 3, 1, 1, 1, 4, True).eval()
+    x = torch.randn(2, 96, 28, 29)
     with torch.no_grad():
         assert_matches_eager(conv, x, rtol=1e-4, atol=1e-5)
     graph = tori.last_compile().graphs[0]
@@ -222,21 +226,10 @@ def test_split_groups_weights_are_globals_of_their_own():
     context.allow_unregistered_dialects = True
     text = ir.Module.parse(graph.iree_bytecode, context).operation.get_asm()
     derived = re.findall(r"util\.global private @derived\d+ .*?: (tensor<[^>]*>)", text)
-    assert derived == (["tensor<24x24x3x3xf32>"] * 2 if direct_convolutions(Options()) else [])
-
-
-def test_split_groups_read_and_write_slabs_not_channel_slices():
-    # 4 groups of 24 channels at 28x29, 0.17 GFLOP: split where direct kernels run. Each
-    # group reads a contiguous slab of the input laid out (G, N, H, W, c): one transpose
-    # around all groups, no copy of each group's channels in and out (8 copy dispatches
-    # when its channels were sliced from the NCHW input).
-    torch.manual_seed(0)
-    conv = torch.nn.Conv2d(96, 96, 3, 1, 1, 1, 4, True).eval()
-    x = torch.randn(2, 96, 28, 29)
-    with torch.no_grad():
-        assert_matches_eager(conv, x, rtol=1e-4, atol=1e-5)
     if not direct_convolutions(Options()):
-        return  # taps (tested above)
-    dispatches = dispatches_of(recorded_flow_ir(tori.last_compile().graphs[0]))
+        assert derived == []  # taps (tested above)
+        return
+    assert derived == ["tensor<24x24x3x3xf32>"] * 4
+    dispatches = dispatches_of(recorded_flow_ir(graph))
     kinds = dispatches.by_kind()
     assert kinds["conv"] == 4 and kinds["slow"] == 0, dispatches.entries
