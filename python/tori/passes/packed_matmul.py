@@ -53,8 +53,9 @@ sequences 329.7 -> 317.3 ms, at one 50.9 -> 47.7 (docs/performance.md). A tile t
 pads the result cannot: its slice back to [M, N] was a copy of the same size.
 
 Never changes: batched matmuls, matmuls of fewer rows (a decoding step's), matmuls
-whose left operand a convolution computes (CONVOLUTION_DEPTH), dynamic shapes, other
-element types, and every module when `rows` is 0.
+whose left operand a convolution computes (CONVOLUTION_DEPTH) or, elementwise, a matmul
+left to IREE's data tiling (DATA_TILED_DEPTH), dynamic shapes, other element types, and
+every module when `rows` is 0.
 
 Example (rows=14 cols=32):
     %t = torch.aten.permute %w, [1, 0] : !torch.vtensor<[1536,384],f32> -> !torch.vtensor<[384,1536],f32>

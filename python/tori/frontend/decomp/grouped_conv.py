@@ -236,8 +236,8 @@ def _per_group(x, weight, bias, stride, padding, dilation, output_padding, group
     of the input laid out (G, N, H, W, c), its result a slab of one (G, N, OH, OW, co):
     one transpose of the input and one of the result around all the groups. Each group's
     channels sliced from the NCHW input and its results concatenated were a transpose in
-    and out of each group's convolution (IREE's channels-last form), 127 copy dispatches
-    of RegNetY-1.6GF's 259 at 8 images, each an executable; as slabs, 203 executables.
+    and out of each group's convolution (IREE's channels-last form): 127 transposes and
+    61 copies among RegNetY-1.6GF's 259 executables at 8 images; as slabs, 203.
     Compiled in one process, calls alternating, channels sliced against slabs:
     RegNetY-1.6GF at 8 images 14.90, 13.94 s against 12.19, 12.23 of compile, 184.7, 185.3
     ms a call against 188.3, 184.7; at one image (its first stage split) 8.16, 7.81 s
