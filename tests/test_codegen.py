@@ -382,20 +382,23 @@ def test_each_strategy_matches_eager_and_reaches_iree_compile(codegen):
     assert (str(graph.codegen) == "IREE defaults") is (codegen == "none")
 
 
+class _MaskedIntMatmul(nn.Module):
+    def forward(self, a, b, mask):
+        return torch.where(mask, torch._int_mm(a, b), 0)
+
+
 def test_a_rule_that_makes_iree_fail_takes_the_other_data_tiling_path(caplog):
-    # IREE 3.13's data tiling (the dispatch-creation path) fails on the benchmarks'
-    # hand-written attention block ("'iree_codegen.load_from_buffer' op buffer and tensor
-    # shapes must be compatible"): the graph compiles again with the global-optimization
+    # IREE 3.13's data tiling (the dispatch-creation path) fuses a `where` into the
+    # matmul's epilogue and encodes its boolean input, whose encoding executable fails
+    # ("'iree_codegen.load_from_buffer' op buffer and tensor shapes must be compatible");
+    # tori-materialize-masks keeps float selections and boolean constants out of that
+    # path, not an integer one: the graph compiles again with the global-optimization
     # path, with one warning, and runs compiled.
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    from models import MODELS
-
-    spec = MODELS["hand_attention"]
+    a = torch.randint(-128, 128, (64, 1024), dtype=torch.int8, generator=torch.Generator().manual_seed(0))
+    b = torch.randint(-128, 128, (1024, 512), dtype=torch.int8, generator=torch.Generator().manual_seed(1))
+    mask = torch.rand(64, 512, generator=torch.Generator().manual_seed(2)) > 0.5
     with torch.no_grad(), caplog.at_level("WARNING", logger="tori.compile"):
-        assert_matches_eager(spec.build(), *spec.example_inputs(), options={"cache": False}, rtol=1e-4, atol=1e-4)
+        assert_matches_eager(_MaskedIntMatmul(), a, b, mask, options={"cache": False}, rtol=0, atol=0)
     graph = tori.last_compile().graphs[0]
     assert graph.codegen.rules != () and "load_from_buffer" in graph.codegen.dropped
     assert "--iree-opt-data-tiling" not in graph.stages["iree"] and "--iree-global-opt-data-tiling" in graph.stages["iree"]
@@ -403,6 +406,25 @@ def test_a_rule_that_makes_iree_fail_takes_the_other_data_tiling_path(caplog):
     assert [r.getMessage() for r in caplog.records if "iree-compile failed" in r.getMessage()] == [
         next(r.getMessage() for r in caplog.records if "compiling with IREE's global-optimization data tiling" in
              r.getMessage())]
+
+
+def test_a_causal_mask_folded_to_a_constant_keeps_the_first_data_tiling_path():
+    # The benchmarks' hand-written attention block masks its scores with
+    # `triu(ones(...))`, which tori-fold-constants makes an i1 constant: IREE's data
+    # tiling failed on its encoding (above) until tori-materialize-masks stored it as
+    # bytes, and the graph was compiled twice.
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from models import MODELS
+
+    spec = MODELS["hand_attention"]
+    with torch.no_grad():
+        assert_matches_eager(spec.build(), *spec.example_inputs(), options={"cache": False}, rtol=1e-4, atol=1e-4)
+    graph = tori.last_compile().graphs[0]
+    assert graph.codegen.rules != () and graph.codegen.dropped == "", str(graph.codegen)
+    assert "--iree-opt-data-tiling=true" in graph.stages["iree"]
 
 
 def test_int8_matmuls_are_matmuls():

@@ -44,3 +44,27 @@ def test_a_computed_condition_and_other_targets_are_left_alone(filecheck):
         # CHECK-LABEL: func.func @masked
         # CHECK-NOT:     util.optimization_barrier
     """, pipeline="tori-materialize-masks{cpu=false}")
+
+
+def test_a_boolean_constant_is_stored_as_bytes_and_compared_with_zero(filecheck):
+    """IREE's data tiling hoisted an i1 constant's encoded copy, and its encoding
+    executable failed on the i1 buffer; a splat is left to IREE."""
+    filecheck(f"""
+        func.func @causal(%arg0: {SCORES}, %a: {SCALAR}) -> {SCORES} {{
+          %mask = torch.vtensor.literal(dense<[[[[false, true, true, true, true, true, true, true, true, true, true,
+                                                 true, true, true, true, true, true, true, true]]]]> : tensor<1x1x1x19xi1>) : {MASK}
+          %all = torch.vtensor.literal(dense<true> : tensor<1x1x1x19xi1>) : {MASK}
+          %0 = torch.aten.where.self %mask, %a, %arg0 : {MASK}, {SCALAR}, {SCORES} -> {SCORES}
+          %1 = torch.aten.where.self %all, %0, %a : {MASK}, {SCORES}, {SCALAR} -> {SCORES}
+          return %1 : {SCORES}
+        }}
+    """, """
+        # CHECK-LABEL: func.func @causal
+        # CHECK-NOT:     tensor<1x1x1x19xi1>) : !torch.vtensor<[1,1,1,19],i1>
+        # CHECK:         %[[BYTES:.+]] = torch.vtensor.literal(dense<{{\\[\\[\\[\\[}}0, 1, 1, {{.*}}> : tensor<1x1x1x19xui8>) : !torch.vtensor<[1,1,1,19],ui8>
+        # CHECK-NEXT:    %[[ZERO:.+]] = torch.constant.int 0
+        # CHECK-NEXT:    %[[MASK:.+]] = torch.aten.ne.Scalar %[[BYTES]], %[[ZERO]] : !torch.vtensor<[1,1,1,19],ui8>, !torch.int -> !torch.vtensor<[1,1,1,19],i1>
+        # CHECK-NEXT:    %[[ALL:.+]] = torch.vtensor.literal(dense<true> : tensor<1x1x1x19xi1>)
+        # CHECK:         %[[W:.+]] = torch.aten.where.self %[[MASK]], %arg1, %arg0
+        # CHECK:         torch.aten.where.self %[[ALL]], %[[W]], %arg1
+    """)

@@ -5,6 +5,8 @@ float64 lanes, any other mean, sum or maximum of whole rows a call of its lane f
 reductions over other dimensions, of short rows, of other dtypes or dynamic shapes
 are left as they are."""
 
+import pytest
+
 PIPELINE = "tori-row-reductions"
 
 
@@ -98,31 +100,43 @@ def test_one_function_serves_every_normalization_of_its_shape(filecheck):
     assert "torch.aten.mean.dim" not in output
 
 
-def test_a_mean_of_squares_becomes_a_call_of_its_lane_sums(filecheck):
-    # RMSNorm: mean(x * x) over the last dimension, then rsqrt.
-    x, kept = "!torch.vtensor<[1,128,512],f32>", "!torch.vtensor<[1,128,1],f32>"
-    output = filecheck(f"""
+def _rms(x: str, kept: str, square: str) -> str:
+    return f"""
         func.func @rms(%arg0: {x}) -> {kept} {{
           %true = torch.constant.bool true
           %none = torch.constant.none
           %dim = torch.constant.int 2
+          %two = torch.constant.int 2
           %dims = torch.prim.ListConstruct %dim : (!torch.int) -> !torch.list<int>
-          %0 = torch.aten.mul.Tensor %arg0, %arg0 : {x}, {x} -> {x}
+          {square}
           %1 = torch.aten.mean.dim %0, %dims, %true, %none : {x}, !torch.list<int>, !torch.bool, !torch.none -> {kept}
           %2 = torch.aten.rsqrt %1 : {kept} -> {kept}
           return %2 : {kept}
         }}
-    """, """
+    """
+
+
+@pytest.mark.parametrize("square", ["mul", "pow"])
+def test_a_mean_of_squares_squares_in_its_lane_sums(filecheck, square):
+    # RMSNorm: mean(x * x) or mean(x ** 2) over the last dimension, then rsqrt. The call
+    # reads x: the op that computes x writes no squares beside it.
+    x, kept = "!torch.vtensor<[1,128,512],f32>", "!torch.vtensor<[1,128,1],f32>"
+    squaring = {"mul": f"%0 = torch.aten.mul.Tensor %arg0, %arg0 : {x}, {x} -> {x}",
+                "pow": f"%0 = torch.aten.pow.Tensor_Scalar %arg0, %two : {x}, !torch.int -> {x}"}[square]
+    output = filecheck(_rms(x, kept, squaring), """
         # CHECK-LABEL: func.func @rms
-        # CHECK:         %[[Q:.+]] = torch.aten.mul.Tensor %arg0, %arg0
-        # CHECK:         %[[B:.+]] = "torch_c.to_builtin_tensor"(%[[Q]])
-        # CHECK:         %[[C:.+]] = call @tori_row_mean_1x128x512_f32(%[[B]]) : (tensor<1x128x512xf32>) -> tensor<1x128x1xf32>
+        # CHECK-NOT:     torch.aten.mul.Tensor
+        # CHECK-NOT:     torch.aten.pow.Tensor_Scalar
+        # CHECK:         %[[B:.+]] = "torch_c.to_builtin_tensor"(%arg0)
+        # CHECK:         %[[C:.+]] = call @tori_row_mean_square_1x128x512_f32(%[[B]]) : (tensor<1x128x512xf32>) -> tensor<1x128x1xf32>
         # CHECK:         %[[M:.+]] = "torch_c.from_builtin_tensor"(%[[C]])
         # CHECK:         torch.aten.rsqrt %[[M]]
-        # CHECK-LABEL: func.func private @tori_row_mean_1x128x512_f32
+        # CHECK-LABEL: func.func private @tori_row_mean_square_1x128x512_f32
         # CHECK:         %[[S:[0-9]+]] = linalg.generic {{.*}} iterator_types = ["parallel", "reduction", "parallel"]
         # CHECK-SAME:      outs({{.*}} : tensor<128x8xf64>)
-        # CHECK-NOT:       arith.mulf
+        # CHECK:           %[[W:.+]] = arith.extf
+        # CHECK-NEXT:      %[[Q:.+]] = arith.mulf %[[W]], %[[W]] : f64
+        # CHECK-NEXT:      arith.addf %{{.*}}, %[[Q]] : f64
         # The lanes reduced apart, so that IREE fuses no combine of them into the op
         # that reads the mean.
         # CHECK:         %[[T:.+]] = linalg.generic {{.*}} iterator_types = ["parallel", "reduction"]
@@ -136,6 +150,35 @@ def test_a_mean_of_squares_becomes_a_call_of_its_lane_sums(filecheck):
         # CHECK-NOT:     arith.divf
     """)
     assert "torch.aten.mean.dim" not in output
+
+
+def test_squares_that_other_ops_read_or_other_powers_stay(filecheck):
+    x, kept = "!torch.vtensor<[1,128,512],f32>", "!torch.vtensor<[1,128,1],f32>"
+    filecheck(_rms(x, kept, f"%0 = torch.aten.pow.Tensor_Scalar %arg0, %dim : {x}, !torch.int -> {x}").replace(
+        "%dim = torch.constant.int 2", "%dim = torch.constant.int -1").replace(
+        "%two = torch.constant.int 2", "%two = torch.constant.int 3").replace("%arg0, %dim :", "%arg0, %two :"), """
+        # CHECK-LABEL: func.func @rms
+        # CHECK:         %[[Q:.+]] = torch.aten.pow.Tensor_Scalar %arg0
+        # CHECK:         %[[B:.+]] = "torch_c.to_builtin_tensor"(%[[Q]])
+        # CHECK:         call @tori_row_mean_1x128x512_f32(%[[B]])
+    """)
+    shared = f"""
+        func.func @shared(%arg0: {x}) -> ({kept}, {x}) {{
+          %true = torch.constant.bool true
+          %none = torch.constant.none
+          %dim = torch.constant.int -1
+          %dims = torch.prim.ListConstruct %dim : (!torch.int) -> !torch.list<int>
+          %0 = torch.aten.mul.Tensor %arg0, %arg0 : {x}, {x} -> {x}
+          %1 = torch.aten.mean.dim %0, %dims, %true, %none : {x}, !torch.list<int>, !torch.bool, !torch.none -> {kept}
+          return %1, %0 : {kept}, {x}
+        }}
+    """
+    filecheck(shared, """
+        # CHECK-LABEL: func.func @shared
+        # CHECK:         %[[Q:.+]] = torch.aten.mul.Tensor %arg0, %arg0
+        # CHECK:         %[[B:.+]] = "torch_c.to_builtin_tensor"(%[[Q]])
+        # CHECK:         call @tori_row_mean_1x128x512_f32(%[[B]])
+    """)
 
 
 def test_means_of_other_shapes_are_left_as_they_are(filecheck):
@@ -165,19 +208,24 @@ def test_means_of_other_patterns_are_summed_apart(filecheck):
     x, kept = "!torch.vtensor<[4,64],f32>", "!torch.vtensor<[4,1],f32>"
     cases = {
         # the product of two different tensors is no square
-        "not a square": {"square": "%2, %arg0"},
-        # x - 2 * mean
-        "alpha 2": {"alpha": 2},
+        "not a square": ({"square": "%2, %arg0"}, """
+            # CHECK-COUNT-2: call @tori_row_mean_4x64_f32
+        """),
+        # x - 2 * mean: its square's mean is a mean of squares of its own
+        "alpha 2": ({"alpha": 2}, """
+            # CHECK:         call @tori_row_mean_4x64_f32
+            # CHECK:         %[[D:.+]] = torch.aten.sub.Tensor %arg0
+            # CHECK:         %[[B:.+]] = "torch_c.to_builtin_tensor"(%[[D]])
+            # CHECK:         call @tori_row_mean_square_4x64_f32(%[[B]])
+        """),
     }
-    for case, changes in cases.items():
+    for case, (changes, checks) in cases.items():
         output = filecheck(f"""
             func.func @norm(%arg0: {x}) -> {x} {{
               {_norm(x, kept, **changes)}
               return %7 : {x}
             }}
-        """, """
-            # CHECK-COUNT-2: call @tori_row_mean_4x64_f32
-        """)
+        """, checks)
         assert "tori_row_moments" not in output and "torch.aten.mean.dim" not in output, case
 
 
