@@ -290,46 +290,78 @@ def test_shallow_one_by_one_convolutions_match_eager_unpacked():
                          b"tori_packed_mm_2048x64x256_nk_12x32"}
 
 
+class _Stem(nn.Module):
+    """ResNet's stem: convolution, BatchNorm, ReLU, then a 3x3 stride-2 max pooling whose
+    result feeds a convolution and a residual add; 64 channels, so that the graph's
+    convolutions (0.1 GFLOP or more) get the channels-last rule."""
+
+    def __init__(self, ceil_mode: bool = False):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, 2, 3), nn.BatchNorm2d(64), nn.ReLU(),
+                                  nn.MaxPool2d(3, 2, 1, ceil_mode=ceil_mode))
+        self.conv = nn.Conv2d(64, 64, 3, 1, 1)
+
+    def forward(self, x):
+        y = self.stem(x)
+        return torch.relu(self.conv(y) + y)
+
+
 def test_max_pooling_runs_channels_last_and_matches_eager():
-    # ResNet's stem: convolution, BatchNorm, ReLU, then a 3x3 stride-2 max pooling whose
-    # result feeds a convolution and a residual add; the pooling reaches IREE as tori's
-    # channels-last function (passes/pooling_nhwc.py), a NaN and -inf included.
+    # Beside channels-last convolutions the pooling reaches IREE as tori's channels-last
+    # function (passes/pooling_nhwc.py), a NaN and -inf included.
     torch.manual_seed(0)
-
-    class Stem(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.stem = nn.Sequential(nn.Conv2d(3, 16, 7, 2, 3), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(3, 2, 1))
-            self.conv = nn.Conv2d(16, 16, 3, 1, 1)
-
-        def forward(self, x):
-            y = self.stem(x)
-            return torch.relu(self.conv(y) + y)
-
-    x = torch.randn(2, 3, 64, 66)
+    x = torch.randn(2, 3, 128, 130)
+    x[0, 1, 5, 5], x[1, 2, 0, :] = float("nan"), -float("inf")
     with torch.no_grad():
-        assert_matches_eager(Stem().eval(), x, options={"cache": False}, rtol=1e-4, atol=1e-4)
-        assert b"tori_max_pool_2x16x33x35_3x3_s2x2_p0x0_d1x1_f32" in tori.last_compile().graphs[0].iree_bytecode
-        x = torch.randn(1, 4, 9, 11)
-        x[0, 0, 2, 2], x[0, 1, 0, 0], x[0, 2] = float("nan"), -float("inf"), -float("inf")
-        assert_matches_eager(nn.MaxPool2d(3, 2, 1, ceil_mode=True), x, options={"cache": False})
-        assert b"tori_max_pool_1x4x9x11_3x3_s2x2_p1x1_d1x1_f32" in tori.last_compile().graphs[0].iree_bytecode
+        assert_matches_eager(_Stem().eval(), x, options={"cache": False}, rtol=1e-4, atol=1e-4)
+        graph = tori.last_compile().graphs[0]
+        assert graph.codegen.channels_last(Target.CPU), str(graph.codegen)
+        assert b"tori_max_pool_2x64x65x67_3x3_s2x2_p0x0_d1x1_f32" in graph.iree_bytecode
+        assert_matches_eager(_Stem(ceil_mode=True).eval(), torch.randn(2, 3, 128, 131), options={"cache": False},
+                             rtol=1e-4, atol=1e-4)
+        assert re.search(rb"tori_max_pool_2x64x\d+x\d+_3x3_s2x2", tori.last_compile().graphs[0].iree_bytecode)
+
+
+def test_max_pooling_beside_default_convolutions_stays_channels_first():
+    # Without the convolution rule (the benchmarks' cnn_bn) the transposes around a
+    # channels-last pooling would be dispatches of their own.
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(16, 16, 3, padding=1))
+    with torch.no_grad():
+        assert_matches_eager(model.eval(), torch.randn(2, 3, 32, 32), options={"cache": False}, rtol=1e-4, atol=1e-4)
+    graph = tori.last_compile().graphs[0]
+    assert not graph.codegen.channels_last(Target.CPU)
+    assert b"tori_max_pool" not in graph.iree_bytecode
+
+
+def test_small_images_stay_convolutions_below_the_convolution_rule():
+    # The benchmarks' cnn_bn (0.045 GFLOP of convolutions): without the rule its
+    # convolutions run on IREE's default kernels, and its small images' columns as
+    # matmuls were slower than those (frontend/decomp/grouped_conv.py).
+    model = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(16, 32, 3, padding=1),
+                          nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(32, 64, 3, padding=1))
+    with torch.no_grad():
+        assert_matches_eager(model.eval(), torch.randn(8, 3, 32, 32), options={"cache": False}, rtol=1e-4, atol=1e-4)
+    uses = {u.family: u.ops for u in tori.last_compile().graphs[0].codegen.uses}
+    assert uses == {Family.CONV2D: 3}, uses
 
 
 def test_max_pooling_trains_channels_last():
     # tori's decomposition takes the indices from comparisons with the pooled values
     # (frontend/decomp/pytorch.py), so the forward's pooling is channels last too.
-    pool = nn.MaxPool2d(3, 2, 1)
-    x = torch.randn(2, 4, 10, 10, requires_grad=True)
-    compiled = torch.compile(pool, backend="tori", options={"fallback": "error", "cache": False})
+    torch.manual_seed(0)
+    model = _Stem()
+    x = torch.randn(2, 3, 128, 130)
+    compiled = torch.compile(model, backend="tori", options={"fallback": "error", "cache": False})
     with count_graphs() as count:
-        compiled(x).square().sum().backward()
+        compiled(x).square().mean().backward()
     assert count.compiled_graphs == 2  # forward and backward
-    grad, x.grad = x.grad, None
-    pool(x).square().sum().backward()
-    torch.testing.assert_close(grad, x.grad)
+    grads = [p.grad for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    model(x).square().mean().backward()
+    for grad, p in zip(grads, model.parameters()):
+        torch.testing.assert_close(grad, p.grad, rtol=1e-3, atol=1e-5)
     forward = next(g for g in tori.last_compile().graphs if g.kind == "forward")
-    assert b"tori_max_pool_2x4x11x11_3x3_s2x2_p0x0_d1x1_f32" in forward.iree_bytecode
+    assert b"tori_max_pool_2x64x65x67_3x3_s2x2_p0x0_d1x1_f32" in forward.iree_bytecode
 
 
 def test_small_matmuls_keep_iree_defaults():
@@ -521,7 +553,7 @@ def test_wide_matmul_rule_matches_eager():
 
 def test_layer_norm_moments_in_one_pass_match_eager():
     # A transformer block's normalizations: LayerNorm's mean and variance in one pass
-    # over the rows, RMSNorm's mean of squares in lane sums (passes/row_moments.py).
+    # over the rows, RMSNorm's mean of squares squared in its lane sums (passes/row_reductions.py).
     torch.manual_seed(0)
 
     class Block(nn.Module):
@@ -539,7 +571,7 @@ def test_layer_norm_moments_in_one_pass_match_eager():
     with torch.no_grad():
         assert_matches_eager(block, torch.randn(2, 40, 128), options={"cache": False}, rtol=1e-4, atol=1e-4)
     code = tori.last_compile().graphs[0].iree_bytecode
-    assert b"tori_row_moments_2x40x128_f32" in code and b"tori_row_mean_2x40x64_f32" in code
+    assert b"tori_row_moments_2x40x128_f32" in code and b"tori_row_mean_square_2x40x64_f32" in code
 
 
 def test_row_maxima_and_sums_match_eager():
@@ -559,15 +591,16 @@ def test_row_maxima_and_sums_match_eager():
 
 
 def test_an_rms_normalization_over_rows_not_a_power_of_two_matches_eager():
-    # T5's and Llama's normalization: the mean of the squares, its lanes reduced apart
-    # and scaled by 1/200 (not exact in binary) before the float32 result.
+    # T5's and Llama's normalization: the mean of the squares, squared in float64 lanes,
+    # the lanes reduced apart and scaled by 1/200 (not exact in binary) before the
+    # float32 result.
     def rms(x, weight):
         return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
 
     x, weight = torch.randn(2, 48, 200) * 3.0, torch.randn(200)
     with torch.no_grad():
         assert_matches_eager(rms, x, weight, options={"cache": False}, rtol=1e-6, atol=1e-6)
-    assert b"tori_row_mean_2x48x200_f32" in tori.last_compile().graphs[0].iree_bytecode
+    assert b"tori_row_mean_square_2x48x200_f32" in tori.last_compile().graphs[0].iree_bytecode
 
 
 def test_layer_norm_moments_keep_the_precision_of_rows_far_from_zero():

@@ -157,9 +157,11 @@ def test_ordinary_convolution_is_left_to_iree():
 ])
 def test_convolution_over_few_pixels_is_a_matmul_of_its_columns_where_direct_kernels_run(
         stride, padding, dilation, batch, bias):
+    # 0.1 GFLOP or more: the convolution rule applies to the graph (below it the
+    # convolution keeps IREE's default kernel, `_convolution_rule_applies`).
     torch.manual_seed(0)
-    conv = torch.nn.Conv2d(24, 40, 3, stride=stride, padding=padding, dilation=dilation, bias=bias).eval()
-    x = torch.randn(batch, 24, 9, 9)
+    conv = torch.nn.Conv2d(256, 512, 3, stride=stride, padding=padding, dilation=dilation, bias=bias).eval()
+    x = torch.randn(batch, 256, 9, 9)
     with torch.no_grad():
         assert_matches_eager(conv, x, rtol=1e-4, atol=1e-4)
     aten_code = tori.last_compile().graphs[0].stages["aten"]

@@ -74,7 +74,7 @@ def tori_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], options: d
         # Effect tokens made and consumed inside the graph (prims._make_token, _sink_tokens)
         # rather than passed as inputs, which AOTAutograd's runtime wrapper sets to None.
         with torch._functorch.config.patch(unlift_effect_tokens=True), stage(record.name, "AOTAutograd and compile"), \
-                tracing_for(record.options):
+                tracing_for(record.options, gm):
             wrapped = aot_autograd(
                 fw_compiler=compilers["forward"],
                 bw_compiler=compilers["backward"],

@@ -70,21 +70,30 @@ def export_table(runtime_checks: bool = True) -> dict:
 # The options of the graph being traced, for decompositions whose best form depends on
 # the code generation the graph will get (frontend/decomp/grouped_conv.py).
 _OPTIONS: contextvars.ContextVar = contextvars.ContextVar("tori_compile_options", default=None)
+# ...and the graph Dynamo captured, before any decomposition (its ops and their example values).
+_GRAPH: contextvars.ContextVar = contextvars.ContextVar("tori_captured_graph", default=None)
 
 
 @contextlib.contextmanager
-def tracing_for(options):
-    """Decompositions in this block trace a graph that will be compiled with `options`."""
-    token = _OPTIONS.set(options)
+def tracing_for(options, graph: torch.fx.GraphModule | None = None):
+    """Decompositions in this block trace `graph` (Dynamo's, where given), to be
+    compiled with `options`."""
+    tokens = _OPTIONS.set(options), _GRAPH.set(graph)
     try:
         yield
     finally:
-        _OPTIONS.reset(token)
+        _OPTIONS.reset(tokens[0])
+        _GRAPH.reset(tokens[1])
 
 
 def traced_options():
     """The options of the graph being traced (`tracing_for`), None outside such a trace."""
     return _OPTIONS.get()
+
+
+def traced_graph() -> torch.fx.GraphModule | None:
+    """Dynamo's graph being traced (`tracing_for`), None where none was given."""
+    return _GRAPH.get()
 
 
 # Ops traced as they are (`as_is`) in the current trace: their tori entries step aside.

@@ -14,8 +14,10 @@ Rewrites: `torch.aten.max_pool2d_with_indices` whose indices nobody reads, and
 kernel, strides, padding and dilations, into a call of a private function of builtin
 tensors (one per distinct form) that transposes the input to NHWC, pads it with
 -inf, pools and transposes back; `torch_c` casts around the call. The compile runs
-this pass before IREE for modules compiled only for CPUs (`lower_for_iree`;
-`cpu=false` changes nothing).
+this pass before IREE for modules compiled only for CPUs whose convolutions the code
+generation rule makes channels last (`lower_for_iree`; `cpu=false` changes nothing):
+beside IREE's default NCHW convolutions the transposes stay, two dispatches more (the
+benchmarks' cnn_bn: tori/eager 0.77-0.78 with them, 0.56-0.62 without, runs alternating).
 
 Never changes: a pooling whose indices are read (tori's decompositions take a
 training step's indices from comparisons with the pooled values, so its forward

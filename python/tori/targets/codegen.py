@@ -227,6 +227,11 @@ class Strategy:
         """The tile of tori's packed matmuls for `target`, (0, 0) where IREE packs them."""
         return next((r.packed_tile for r in self.rules if r.target is target and r.packed_tile), (0, 0))
 
+    def channels_last(self, target: Target) -> bool:
+        """Whether IREE makes the convolutions channels last for `target` (a rule's
+        preprocessing)."""
+        return any(_CHANNELS_LAST in r.preprocessing for r in self.rules if r.target is target)
+
     def without_rules(self, reason: str) -> "Strategy":
         return Strategy(self.uses, dropped=reason)
 
@@ -417,6 +422,14 @@ def direct_convolutions(options: Options) -> bool:
         return False
     return options.codegen is not Codegen.NONE and Target.CPU in (options.target, *options.targets) \
         and _cpu_has(options, rule)
+
+
+def convolution_rule_applies(options: Options, gflop: float) -> bool:
+    """Whether a graph with `gflop` of 2-D convolutions per call, compiled with
+    `options`, gets the convolution rule: IREE's direct channels-last kernels
+    (`direct_convolutions`) above the rule's floor."""
+    rule = next(r for r in RULES if r.family is Family.CONV2D)
+    return direct_convolutions(options) and gflop >= rule.min_gflop
 
 
 # The float32 lanes of the CPUs tori packs attention for (tori-packed-attention): AVX-512's.

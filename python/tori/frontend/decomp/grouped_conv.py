@@ -28,6 +28,8 @@ frontend/quantized.py makes it integer arithmetic.
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from tori.frontend.decomp.pytorch import window_extent
@@ -184,10 +186,50 @@ def _windows_as_matmul(x, weight, bias, stride, padding, dilation, transposed, g
     return out.reshape(batch, height, width, out_channels).permute(0, 3, 1, 2)
 
 
+_CONVOLUTION_CALLS = {torch.conv2d, torch.nn.functional.conv2d, torch.ops.aten.conv2d.default,
+                      torch.ops.aten.convolution.default}
+_GRAPH_CONVOLUTION_GFLOP: "weakref.WeakKeyDictionary[torch.fx.GraphModule, float]" = weakref.WeakKeyDictionary()
+
+
+def _captured_convolution_gflop(gm: torch.fx.GraphModule) -> float:
+    """The 2-D convolutions' work per call in Dynamo's graph `gm` (before any is
+    decomposed), in GFLOP, from the example values of their results and weights."""
+    if gm not in _GRAPH_CONVOLUTION_GFLOP:
+        total = 0.0
+        for node in gm.graph.nodes:
+            weight = None
+            if node.op == "call_function" and node.target in _CONVOLUTION_CALLS and len(node.args) > 1:
+                weight = node.args[1].meta.get("example_value") if isinstance(node.args[1], torch.fx.Node) else None
+            elif node.op == "call_module" and isinstance(module := gm.get_submodule(node.target), torch.nn.Conv2d):
+                weight = module.weight
+            out = node.meta.get("example_value")
+            if isinstance(weight, torch.Tensor) and weight.dim() == 4 and isinstance(out, torch.Tensor) \
+                    and all(isinstance(d, int) for d in (*out.shape, *weight.shape)):
+                total += conv_flop(tuple(out.shape), tuple(weight.shape)) / 1e9
+        _GRAPH_CONVOLUTION_GFLOP[gm] = total
+    return _GRAPH_CONVOLUTION_GFLOP[gm]
+
+
+def _convolution_rule_applies() -> bool:
+    """Whether the graph being traced gets the convolution rule (IREE's direct
+    channels-last kernels): compiled for them, with its convolutions' work (Dynamo's
+    graph, counted before any convolution becomes a matmul) above the rule's floor.
+    Below it the convolutions keep IREE's defaults, on which a small image's columns
+    were slower: the benchmarks' cnn_bn (0.045 GFLOP) 1.13-1.38 ms a call as columns
+    against 0.86-1.17 (eager 1.38-2.08, the two alternating, two rounds each)."""
+    from tori.frontend.decompositions import traced_graph, traced_options
+    from tori.targets.codegen import convolution_rule_applies
+
+    options, gm = traced_options(), traced_graph()
+    if options is None or gm is None:
+        return _direct_convolutions()
+    return convolution_rule_applies(options, _captured_convolution_gflop(gm))
+
+
 def _small_image_as_matmul(x, weight, bias, stride, padding, dilation, transposed, groups):
     """A float32 2-D convolution with one group over few output pixels (at most
     SMALL_IMAGE_ROWS over the batch) where IREE's direct channels-last kernel would run
-    it: its windows' columns, channels last, times the weight, one data-tiled matmul.
+    it (`_convolution_rule_applies`): its windows' columns, channels last, times the weight, one data-tiled matmul.
     None for any other convolution."""
     if transposed or groups != 1 or x.dim() != 4 or weight.dim() != 4 or len(stride) != 2:
         return None
@@ -197,7 +239,7 @@ def _small_image_as_matmul(x, weight, bias, stride, padding, dilation, transpose
         return None
     out_channels, channels, kh, kw = weight.shape
     out_h, out_w = _output_size(x, (kh, kw), stride, padding, dilation)
-    if out_h < 1 or out_w < 1 or x.shape[0] * out_h * out_w > SMALL_IMAGE_ROWS or not _direct_convolutions():
+    if out_h < 1 or out_w < 1 or x.shape[0] * out_h * out_w > SMALL_IMAGE_ROWS or not _convolution_rule_applies():
         return None
     # The windows of the channels-last input, not the channels-first ones permuted after:
     # those ran ResNet-18 in 33.5 ms at one image against 26.8, 171.0 at 8 against 155.4.
