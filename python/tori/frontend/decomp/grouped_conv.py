@@ -54,8 +54,10 @@ MAX_SPLIT_GROUPS = 64
 # first call 27.2 and 28.3 s against 45.0 and 39.6. At 8 images every stage splits.
 SPLIT_MIN_GFLOP = 0.05
 # A float32 convolution with one group over at most this many output pixels (over the
-# batch) runs as a matmul of its windows' columns, channels last, rather than on IREE's
-# direct kernel, whose tiles for few pixels keep most of the CPU idle: ResNet-18's 3x3
+# batch), in a graph whose convolutions get the convolution rule
+# (`_convolution_rule_applies`), runs as a matmul of its windows' columns, channels last,
+# rather than on IREE's direct kernel, whose tiles for few pixels keep most of the CPU
+# idle: ResNet-18's 3x3
 # convolutions at one image (Xeon with AVX-512, 2026-12-04), 512 channels at 7x7
 # 4.3 ms each on the direct kernel (53 GFLOP/s, 16% of torch.mm's 338) against 2.4 as
 # columns (95); 256 at 14x14 2.4-2.7 ms (87-95 GFLOP/s) against 1.3-1.4 (161-175).
