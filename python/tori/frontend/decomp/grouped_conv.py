@@ -57,8 +57,7 @@ SPLIT_MIN_GFLOP = 0.05
 # batch), in a graph whose convolutions get the convolution rule
 # (`_convolution_rule_applies`), runs as a matmul of its windows' columns, channels last,
 # rather than on IREE's direct kernel, whose tiles for few pixels keep most of the CPU
-# idle: ResNet-18's 3x3
-# convolutions at one image (Xeon with AVX-512, 2026-12-04), 512 channels at 7x7
+# idle: ResNet-18's 3x3 convolutions at one image (Xeon with AVX-512, 2026-12-04), 512 channels at 7x7
 # 4.3 ms each on the direct kernel (53 GFLOP/s, 16% of torch.mm's 338) against 2.4 as
 # columns (95); 256 at 14x14 2.4-2.7 ms (87-95 GFLOP/s) against 1.3-1.4 (161-175).
 # ResNet-18 40.0 -> 26.8 ms at one image (eager 21.5-23.4), 219.5 -> 155.4 at 8 (eager
