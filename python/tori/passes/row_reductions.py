@@ -157,11 +157,11 @@ class RowReduction:
             rows_value = "%x2"
         if self.kind == "max":
             step = ["    %n1 = arith.maximumf %s1, %v : f32"]
+        elif self.kind == "mean_square":
+            step = ["    %w = arith.extf %v : f32 to f64", "    %q = arith.mulf %w, %w : f64",
+                    "    %n1 = arith.addf %s1, %q : f64"]
         else:
             step = ["    %w = arith.extf %v : f32 to f64", "    %n1 = arith.addf %s1, %w : f64"]
-            if self.kind == "mean_square":
-                step = ["    %w = arith.extf %v : f32 to f64", "    %q = arith.mulf %w, %w : f64",
-                        "    %n1 = arith.addf %s1, %q : f64"]
             if self.kind == "moments":
                 step += ["    %q = arith.mulf %w, %w : f64", "    %n2 = arith.addf %s2, %q : f64"]
         lines += [
