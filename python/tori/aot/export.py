@@ -167,8 +167,7 @@ def _export(model: Any, args: tuple | None, kwargs: Mapping[str, Any] | None, *,
     if opts.tori_pipeline:
         run_pipeline(module, opts.tori_pipeline, graph=name)
     strategy = codegen.choose(graphs, opts, target_list)
-    lower_for_iree(module, opts, graph=name, packed_tile=strategy.packed_tile(target_list[0]),
-                   channels_last=strategy.channels_last(target_list[0]))
+    lower_for_iree(module, opts, graph=name, codegen=strategy)
     # Text when IREE's own ops are in it (parameters): their attributes parse only in IREE's context.
     source = str(module).encode() if module.context.allow_unregistered_dialects else to_bytecode(module)
     with stage(name, f"iree-compile ({', '.join(t.value for t in target_list)})"):

@@ -93,8 +93,7 @@ def compile_graph(gm: torch.fx.GraphModule, options: Options, record: GraphRecor
                 stage_log.info("%s: served by the compile cache", record.name)
             if vmfbs is None or inspecting:
                 lower_for_iree(module, options, graph=record.name, text=record.stages[Stage.TORI],
-                               packed_tile=record.codegen.packed_tile(options.target),
-                               channels_last=record.codegen.channels_last(options.target))
+                               codegen=record.codegen)
             if inspecting:
                 record.iree_input = str(module)
             if vmfbs is None:

@@ -73,11 +73,11 @@ def check_lowered(module: ir.Module, *, graph: str = "") -> None:
 
 
 def lower_for_iree(module: ir.Module, options, *, graph: str = "", text: str | None = None,
-                   packed_tile: tuple[int, int] = (0, 0), channels_last: bool = False) -> None:
+                   codegen=None) -> None:
     """Run tori-lower-dialect over `module` and check that no tori op is left; then give
     depthwise convolutions IREE's channels-last kernel (tori-depthwise-nhwc), max
     pooling IREE's channels-last one where the code generation rule makes the
-    convolutions channels last (`channels_last`; tori-pooling-nhwc), an attention's exponentials
+    convolutions channels last (tori-pooling-nhwc), an attention's exponentials
     the packed layout of the matmul that reads them (tori-packed-attention, before the
     row reductions take their sums; its lanes from `packed_attention_lanes`),
     reductions over the last
@@ -86,9 +86,10 @@ def lower_for_iree(module: ir.Module, options, *, graph: str = "", text: str | N
     against widened int8 weights one contraction (tori-int8-weight-matmul) and 16-bit
     float contractions float32 operands where the CPU has no arithmetic for them
     (tori-widen-16-bit), float tensors selected by boolean inputs dispatches of their
-    own (tori-materialize-masks), and float32 matmuls tori's packed tiles of
-    `packed_tile` (tori-packed-matmul; the code generation rule's, (0, 0) for none),
-    whatever the user's pipeline. The last six apply where every target of `options`
+    own (tori-materialize-masks), and float32 matmuls tori's packed tiles
+    (tori-packed-matmul), whatever the user's pipeline. `codegen` is the graph's
+    targets.codegen.Strategy (None: IREE's defaults): its rules for `options.target`
+    give the packed tile and whether the convolutions are channels last. The last six apply where every target of `options`
     (tori Options) is a CPU (the contractions may then carry IREE's CPU tiling and data
     tiling). `text`: the module printed, where the caller has it (`run_pipeline`)."""
     from tori.targets.build import compiled_targets, cpu_only
@@ -104,9 +105,10 @@ def lower_for_iree(module: ir.Module, options, *, graph: str = "", text: str | N
     # Its transposes cancel against those of channels-last convolutions; beside IREE's
     # default ones they are two more dispatches (the benchmarks' cnn_bn, 0.045 GFLOP of
     # convolutions: tori/eager 0.77-0.78 with them, 0.56-0.62 without, runs alternating).
+    channels_last = codegen is not None and codegen.channels_last(options.target)
     pooling = f"{POOLING_PASS}{{cpu={str(only_cpu and channels_last).lower()}}}"
     reductions = f"{ROWS_PASS}{{cpu={str(only_cpu).lower()}}}"
-    rows, cols = packed_tile if only_cpu else (0, 0)
+    rows, cols = codegen.packed_tile(options.target) if only_cpu and codegen is not None else (0, 0)
     packed = f"{PACKED_PASS}{{rows={rows} cols={cols}}}"
     attention = f"{ATTENTION_PASS}{{lanes={packed_attention_lanes(options)}}}"
     run_pipeline(module, f"{PASS_NAME}, {DEPTHWISE_PASS}, {pooling}, {attention}, {reductions}, {int8}, {widen}, "

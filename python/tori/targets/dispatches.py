@@ -94,9 +94,7 @@ def graph_dispatch_count(graph, options) -> int:
     context = new_context()
     context.allow_unregistered_dialects = "util." in text  # IREE's ops (resident weights), parsed only as text there
     module = ir.Module.parse(text, context=context)
-    lower_for_iree(module, options,
-                   packed_tile=graph.codegen.packed_tile(options.target) if graph.codegen is not None else (0, 0),
-                   channels_last=graph.codegen is not None and graph.codegen.channels_last(options.target))
+    lower_for_iree(module, options, codegen=graph.codegen)
     chosen = graph.codegen.flags_for(options.target) if graph.codegen is not None else ()
     source = str(module).encode() if context.allow_unregistered_dialects else module
     return count_dispatches(source, target=options.target, options=options, flags=chosen).count

@@ -101,8 +101,7 @@ def inspect(fn: Callable, *example_inputs: Any, stages: Iterable[str | Stage] | 
                     texts[Stage.TORI.value] = show(str(module))
                 if Stage.IREE in wanted:
                     strategy = codegen.choose(aot_gm, opts, compiled_targets(opts))
-                    lower_for_iree(module, opts, graph=name, packed_tile=strategy.packed_tile(opts.target),
-                                   channels_last=strategy.channels_last(opts.target))
+                    lower_for_iree(module, opts, graph=name, codegen=strategy)
                     command = build_invocation(opts, opts.target, codegen=strategy)
                     texts[Stage.IREE.value] = (f"// {command.shell_command(f'{name}.mlir', f'{name}.vmfb')}\n"
                                                + show(str(module)))
