@@ -92,3 +92,11 @@ def test_driver_trials_wait_while_any_graphs_collapse_runs():
     assert not huge_pages.collapsing()
     torch.testing.assert_close(compiled(x), x * 2 + 1)
     assert graph._timed is not None  # the round's first timed call
+
+
+def test_the_snapshot_from_the_maps_names_the_mappings_the_resident_sizes_come_from():
+    held = torch.ones(16 << 20)  # a fresh 64 MiB anonymous mapping, resident
+    with_sizes = huge_pages._regions()
+    assert any(size >= 64 << 20 for size in with_sizes.values()), with_sizes
+    assert huge_pages.snapshot() == frozenset(with_sizes)
+    del held

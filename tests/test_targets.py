@@ -7,6 +7,7 @@ and the errors for targets and devices that are not there.
 import os
 import re
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -325,3 +326,43 @@ def test_gpu_targets_fuse_attention_by_default_and_an_explicit_pipeline_wins(tmp
     # without the fusion, keep the matmul + softmax + matmul dispatches.
     assert kinds["cuda"] >= 1 and kinds["rocm"] >= 1, kinds
     assert kinds["cpu"] == 0 and kinds["cuda, explicit"] == 0, kinds
+
+
+# The CPU's features (targets/cpu.py): an iree-compile probe per CPU name and process,
+# started by the backend so that it runs while AOTAutograd traces.
+
+def test_a_cpus_features_are_probed_once_however_many_ask_at_once(monkeypatch):
+    from tori.targets import cpu
+
+    monkeypatch.delitem(cpu._RESOLVED, "znver2", raising=False)
+    probes, probe = [], cpu._probe
+    monkeypatch.setattr(cpu, "_probe", lambda *args: probes.append(args) or probe(*args))
+    cpu.resolve_in_background("znver2")
+    seen = []
+    askers = [threading.Thread(target=lambda: seen.append(cpu.cpu_features("znver2"))) for _ in range(4)]
+    for asker in askers:
+        asker.start()
+    for asker in askers:
+        asker.join(timeout=120)
+    assert len(probes) == 1 and len(seen) == 4 and len(set(seen)) == 1, (probes, seen)
+    assert "+avx2" in seen[0] and "+avx512f" not in seen[0]  # Zen 2
+
+
+def test_a_failed_cpu_probe_raises_for_its_caller_and_the_next_call_probes_again(monkeypatch):
+    from tori.targets import cpu, iree_compile
+
+    monkeypatch.delitem(cpu._RESOLVED, "znver1", raising=False)
+    with monkeypatch.context() as broken:
+        broken.setattr(iree_compile, "iree_compile_tool", lambda: "/nonexistent/iree-compile")
+        with pytest.raises(FileNotFoundError):
+            cpu.cpu_features("znver1")
+    assert "znver1" not in cpu._RESOLVED
+    assert "+avx2" in cpu.cpu_features("znver1")
+
+
+def test_compiling_for_a_cpu_resolves_its_features_even_where_no_rule_asks_for_them(monkeypatch):
+    from tori.targets import cpu
+
+    monkeypatch.delitem(cpu._RESOLVED, "x86-64-v3", raising=False)
+    assert_matches_eager(lambda x: x * 2 + 1, torch.randn(8), options={"cpu": "x86-64-v3", "cache": False})
+    assert "+avx2" in cpu._RESOLVED["x86-64-v3"].result(timeout=120)

@@ -35,6 +35,8 @@ from tori.logs import stage
 from tori.frontend.shape_variants import specialize
 from tori.stages import Stage
 from tori.stats import counters
+from tori.targets import Target
+from tori.targets.cpu import resolve_in_background
 
 log = logging.getLogger("tori.backend")
 
@@ -65,6 +67,8 @@ def tori_backend(gm: torch.fx.GraphModule, example_inputs: list[Any], options: d
     if served is not None:
         counters.compiled_graphs += 1
         return _unboxed(_boxed(served, gm, opts, record.graphs[-1].name), ())
+    if Target.CPU in (opts.target, *opts.targets):
+        resolve_in_background(opts.cpu)  # the code generation choice asks for its features
     constants = _dynamo_constants(gm)
     plain = _PlainInference()
     views = user_outputs(gm)

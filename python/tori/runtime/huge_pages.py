@@ -43,20 +43,24 @@ Region = tuple[int, int]  # [start, end) addresses
 log = logging.getLogger("tori.runtime")
 
 
-def _regions() -> dict[Region, int]:
+def _regions(resident: bool = True) -> dict[Region, int]:
     """The process's read-write anonymous mappings of MIN_BYTES or more, with their
-    resident bytes (/proc/self/smaps); empty where there is no such file."""
+    resident bytes (/proc/self/smaps; without `resident`, 0 from /proc/self/maps, which
+    the kernel writes in a tenth of the time: a process with torch and a compiled model
+    maps thousands of ranges); empty where there is no such file."""
     found: dict[Region, int] = {}
     try:
-        with open("/proc/self/smaps") as smaps:
+        with open("/proc/self/smaps" if resident else "/proc/self/maps") as mappings:
             region = None
-            for line in smaps:
+            for line in mappings:
                 head = line.split()
                 if len(head) >= 5 and "-" in head[0]:  # a mapping's first line
                     start, end = (int(x, 16) for x in head[0].split("-"))
                     anonymous = len(head) == 5 or head[5] == "[heap]"
                     region = (start, end) if anonymous and head[1].startswith("rw") and end - start >= MIN_BYTES \
                         else None
+                    if region is not None and not resident:
+                        found[region] = 0
                 elif region is not None and head and head[0] == "Rss:":
                     found[region] = int(head[1]) * 1024
                     region = None
@@ -67,7 +71,7 @@ def _regions() -> dict[Region, int]:
 
 def snapshot() -> frozenset[Region]:
     """The mappings before a load: `collapse_new` leaves them alone."""
-    return frozenset(_regions()) if sys.platform == "linux" else frozenset()
+    return frozenset(_regions(resident=False)) if sys.platform == "linux" else frozenset()
 
 
 @dataclass

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 import subprocess
 import tempfile
+import threading
+from concurrent.futures import Future
 from functools import lru_cache
 from pathlib import Path
 
@@ -42,12 +44,42 @@ _ARITHMETIC = {"bf16": ("+avx512bf16", "+amx-bf16", "+bf16"),
                "f16": ("+avx512fp16", "+amx-fp16", "+fullfp16", "+f16c")}
 
 
-@lru_cache(maxsize=None)
+# CPU name -> its features, resolved or being resolved (one probe per name and process).
+_RESOLVED: dict[str, Future] = {}
+_RESOLVED_LOCK = threading.Lock()
+
+
 def cpu_features(name: str) -> frozenset[str]:
     """The LLVM features ("+avx2", ...) of CPU `name` ("host": this machine's), as
     iree-compile resolves them for its code generation."""
-    found = _FEATURES.search(_probe(name, "--compile-to=executable-targets").stdout)
-    return frozenset(found.group(1).split(",")) if found else frozenset()
+    return _resolving(name).result()
+
+
+def resolve_in_background(name: str) -> None:
+    """Start resolving `cpu_features(name)` in a thread: the probe (an iree-compile
+    process, 0.1-0.2 s) then runs while AOTAutograd traces the graph on the other core,
+    and the code generation choice that asks for the features finds them ready."""
+    _resolving(name)
+
+
+def _resolving(name: str) -> Future:
+    with _RESOLVED_LOCK:
+        future = _RESOLVED.get(name)
+        if future is None:
+            future = _RESOLVED[name] = Future()
+            threading.Thread(target=_resolve, args=(name, future), name="tori-cpu-probe", daemon=True).start()
+    return future
+
+
+def _resolve(name: str, future: Future) -> None:
+    try:
+        found = _FEATURES.search(_probe(name, "--compile-to=executable-targets").stdout)
+    except BaseException as error:  # noqa: BLE001 (handed to the caller; the next call probes again)
+        with _RESOLVED_LOCK:
+            _RESOLVED.pop(name, None)
+        future.set_exception(error)
+        return
+    future.set_result(frozenset(found.group(1).split(",")) if found else frozenset())
 
 
 def _probe(name: str, *flags: str) -> subprocess.CompletedProcess:
