@@ -23,6 +23,7 @@ from tori.frontend import dialect_modules
 from tori.frontend.constant_origins import wrap_literal
 from tori.frontend.guard_facts import graph_facts, insert_facts
 from tori.frontend.higher_order import NodeImporter
+from tori.frontend.import_copies import import_copy
 from tori.frontend.seeded_random import seed_random_ops
 from tori.frontend.signature import ArgKind, GraphSignature, split_outputs
 from tori.stages import Stage
@@ -61,7 +62,7 @@ def _computed_graph(gm: torch.fx.GraphModule, computed: list[torch.fx.Node]) -> 
     value_map: dict[torch.fx.Node, torch.fx.Node] = {}
     copy.graph_copy(gm.graph, value_map, return_output_node=False)
     copy.output(tuple(value_map[n] for n in computed))
-    return torch.fx.GraphModule(gm, copy)
+    return import_copy(gm, copy)
 
 
 def _copy_subgraphs(owner: torch.fx.GraphModule, copies: dict[int, torch.fx.GraphModule]) -> None:
@@ -75,7 +76,7 @@ def _copy_subgraphs(owner: torch.fx.GraphModule, copies: dict[int, torch.fx.Grap
         if not isinstance(subgraph, torch.fx.GraphModule):
             continue
         if id(subgraph) not in copies:
-            copy = torch.fx.GraphModule(subgraph, deepcopy(subgraph.graph))
+            copy = import_copy(subgraph, deepcopy(subgraph.graph))
             _expand_sym_sums(copy.graph)
             _drop_size_one_restrides(copy.graph)
             _copy_subgraphs(copy, copies)

@@ -35,6 +35,7 @@ import torch
 import torch.fx
 
 from tori.errors import is_check_message, runtime_check_error
+from tori.frontend.import_copies import import_copy
 from tori.frontend.weight_prologue import Prologue, Ref, Step, program, writable
 
 _ASSERTS = (torch.ops.aten._assert_async.msg,)
@@ -209,4 +210,4 @@ def split(gm: torch.fx.GraphModule) -> tuple[torch.fx.GraphModule, InputChecks |
     for node in hoisted:
         graph.erase_node(copies[node])
     graph.eliminate_dead_code()
-    return torch.fx.GraphModule(gm, graph), checks
+    return import_copy(gm, graph), checks

@@ -19,6 +19,7 @@ import torch.fx
 
 from tori.aot.parameters import BUILTIN_ELEMENT, ExternalParameters
 from tori.frontend import weight_prologue
+from tori.frontend.import_copies import import_copy
 from tori.frontend.weight_prologue import Prologue, derived_name
 from tori.config import Options
 from tori.runtime.artifact import PARAMETER_SCOPE as SCOPE  # the scope ExternalParameters names
@@ -102,7 +103,7 @@ def make_resident(gm: torch.fx.GraphModule, indices: frozenset[int], unused: fro
     FxImporter hooks that declare them), its placeholder removed, and the inputs in
     `unused` (read by nothing) removed. The ops that read only those inputs leave the
     graph for its weight prologue (returned), their results read from globals too."""
-    copy = torch.fx.GraphModule(gm, deepcopy(gm.graph))
+    copy = import_copy(gm, deepcopy(gm.graph))
     hooks = ExternalParameters()
     extracted = weight_prologue.extract(copy, indices) if indices else None
     if extracted is not None:
