@@ -2,7 +2,9 @@
 memory IREE packed its weights into is collapsed into transparent huge pages, and the
 calls after it still match eager."""
 
+import ctypes
 import errno
+import mmap
 import threading
 from pathlib import Path
 
@@ -94,9 +96,62 @@ def test_driver_trials_wait_while_any_graphs_collapse_runs():
     assert graph._timed is not None  # the round's first timed call
 
 
-def test_the_snapshot_from_the_maps_names_the_mappings_the_resident_sizes_come_from():
-    held = torch.ones(16 << 20)  # a fresh 64 MiB anonymous mapping, resident
-    with_sizes = huge_pages._regions()
-    assert any(size >= 64 << 20 for size in with_sizes.values()), with_sizes
-    assert huge_pages.snapshot() == frozenset(with_sizes)
-    del held
+_PROT_NONE = 0
+
+
+class _Mapping:
+    """A private anonymous mapping of `size` bytes between two inaccessible pages (so the
+    kernel cannot merge it with a neighbour), touched or not."""
+
+    def __init__(self, size: int, touched: bool):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_long]
+        libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        self._libc, self._total = libc, size + 2 * mmap.PAGESIZE
+        base = libc.mmap(None, self._total, mmap.PROT_READ | mmap.PROT_WRITE,
+                         mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS, -1, 0)
+        assert base not in (None, ctypes.c_void_p(-1).value)
+        self._base = base
+        for guard in (base, base + mmap.PAGESIZE + size):
+            assert libc.mprotect(guard, mmap.PAGESIZE, _PROT_NONE) == 0
+        self.start, self.end = base + mmap.PAGESIZE, base + mmap.PAGESIZE + size
+        if touched:
+            ctypes.memset(self.start, 1, size)
+
+    def close(self):
+        self._libc.munmap(self._base, self._total)
+
+
+def _covered(regions, within) -> int:
+    """How many bytes of `within` the collapsed `regions` cover."""
+    return sum(max(0, min(end, within[1]) - max(start, within[0])) for start, end in regions)
+
+
+def test_a_mapping_grown_while_a_module_loaded_has_only_its_new_part_collapsed():
+    grown = _Mapping(24 << 20, touched=True)
+    try:
+        now = huge_pages.snapshot()
+        assert (grown.start, grown.end) in now
+        # As the heap's line reads after malloc extended it by 16 MiB during a load:
+        before = (now - {(grown.start, grown.end)}) | {(grown.start, grown.start + (8 << 20))}
+        regions = huge_pages.collapse_new(before).join(timeout=60).regions
+        new_part = (grown.start + (8 << 20), grown.end)
+        assert _covered(regions, new_part) >= (16 << 20) - 2 * huge_pages.HUGE_PAGE, regions  # its whole 2 MiB pages
+        assert _covered(regions, (grown.start, new_part[0])) == 0, regions
+    finally:
+        grown.close()
+
+
+def test_memory_mapped_during_a_load_but_never_touched_is_left_alone():
+    before = huge_pages.snapshot()
+    untouched, touched = _Mapping(16 << 20, touched=False), _Mapping(16 << 20, touched=True)
+    try:
+        regions = huge_pages.collapse_new(before).join(timeout=60).regions
+        assert _covered(regions, (touched.start, touched.end)) >= (16 << 20) - 2 * huge_pages.HUGE_PAGE, regions
+        assert _covered(regions, (untouched.start, untouched.end)) == 0, regions
+    finally:
+        untouched.close()
+        touched.close()
