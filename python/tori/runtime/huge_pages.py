@@ -21,10 +21,10 @@ collapse). Of that, the 2 MiB pages at least RESIDENT_FRACTION in memory (`minco
 collapse fills a range's holes: an unused reservation would grow the process), in runs
 of MIN_BYTES or more. IREE's packed weights can lie in one mapping with memory it never
 touched (a 64 MiB weight's two packed copies and 64 MiB untouched between them, in one
-192 MiB mapping): a test of the whole mapping's residency left them in 4 KiB pages. The memory's contents never change;
-where the kernel refuses (another OS, an older kernel, huge pages disabled) nothing
-happens. Memory that malloc hands IREE from mappings the process had before the load
-stays in the pages it has.
+192 MiB mapping): a test of the whole mapping's residency left them in 4 KiB pages.
+The memory's contents never change; where the kernel refuses (another OS, an older
+kernel, huge pages disabled) nothing happens. Memory that malloc hands IREE from
+mappings the process had before the load stays in the pages it has.
 """
 
 from __future__ import annotations
@@ -88,8 +88,10 @@ def _resident_ranges(region: Region) -> list[Region]:
     first = -(-region[0] // HUGE_PAGE) * HUGE_PAGE
     last = region[1] // HUGE_PAGE * HUGE_PAGE
     count = (last - first) // _PAGE
-    present = (ctypes.c_ubyte * max(count, 1))()
-    if count <= 0 or _libc().mincore(first, last - first, present) != 0:
+    if count <= 0:
+        return []
+    present = (ctypes.c_ubyte * count)()
+    if _libc().mincore(first, last - first, present) != 0:
         return []
     flags, per_huge_page = bytes(present), HUGE_PAGE // _PAGE
     ranges: list[Region] = []
