@@ -269,7 +269,7 @@ def test_dynamic_training_stays_correct_across_sizes():
 def test_driver_is_chosen_by_measurement_and_recorded():
     compiled = torch.compile(lambda x: x * 2 + 1, backend="tori", options={"fallback": "error"})
     x = torch.randn(8)
-    for _ in range(2 * TRIAL_CALLS_PER_DRIVER):
+    for _ in range(1 + 2 * TRIAL_CALLS_PER_DRIVER):  # the first call untimed, then the trial's
         torch.testing.assert_close(compiled(x), x * 2 + 1)
     # The last timed call's period ends when the next call starts: that call settles.
     assert tori.last_compile().forward.compiled.driver_choice is None
@@ -280,11 +280,32 @@ def test_driver_is_chosen_by_measurement_and_recorded():
     assert choice.driver == _by_the_rule(choice.median_us)
     assert "median of 5 timed calls" in choice.reason and not choice.final
     # A second round after REVIEW_AFTER_CALLS calls makes the choice final, over both rounds.
-    for _ in range(SETTLED_AFTER_CALLS - (2 * TRIAL_CALLS_PER_DRIVER + 1)):
+    for _ in range(SETTLED_AFTER_CALLS - (1 + 2 * TRIAL_CALLS_PER_DRIVER + 1)):
         torch.testing.assert_close(compiled(x), x * 2 + 1)
     final = tori.last_compile().forward.compiled.driver_choice
     assert final.final and "median of 10 timed calls" in final.reason
     assert final.driver == _by_the_rule(final.median_us)
+
+
+def test_first_call_loads_and_runs_one_driver():
+    """A graph's first call runs untimed on the CPU's first-calls driver (local-task: its
+    threads give one call its shortest time) with only that driver's module loaded; the
+    next call loads local-sync's, with the same resident weights, before the trial."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
+    compiled = torch.compile(model, backend="tori", options={"fallback": "error"})
+    x = torch.randn(4, 64)
+    before = tori.counters.snapshot()
+    with torch.no_grad(), count_graphs() as count:
+        torch.testing.assert_close(compiled(x), model(x))
+        graph = tori.last_compile().graphs[0].compiled
+        assert graph._resident and set(graph._modules) == {"local-task"} and graph._timed is None
+        assert tori.counters.since(before).compiled_calls == 1
+        torch.testing.assert_close(compiled(x), model(x))
+        assert set(graph._modules) == {"local-sync", "local-task"}
+        while graph.driver_choice is None:  # every trial call on both drivers, weights and all
+            torch.testing.assert_close(compiled(x), model(x))
+    assert count.fallback_calls == 0 and set(graph.driver_choice.median_us) == {"local-sync", "local-task"}
 
 
 def _by_the_rule(median_us: dict[str, float]) -> str:
@@ -307,6 +328,7 @@ def test_local_task_is_chosen_only_where_it_is_clearly_faster(sync_ms, task_ms, 
           "30": lambda x: x * 9 - 4}[str(sync_ms)]
     compiled = torch.compile(fn, backend="tori", options={"fallback": "error"})
     x = torch.randn(8)
+    compiled(x)  # the first call, untimed
     compiled(x)  # the first trial call, a warm-up
     graph = tori.last_compile().forward.compiled
     run = graph._run
@@ -328,6 +350,7 @@ def test_driver_trial_times_each_call_until_the_next_one_starts():
     loses: the period from a call to the next decides, not the call alone."""
     compiled = torch.compile(lambda x: x * 2 + 1, backend="tori", options={"fallback": "error"})
     x = torch.randn(8)
+    compiled(x)  # the first call, untimed
     compiled(x)  # the first timed call (local-sync, by the order of the trial)
     graph = tori.last_compile().forward.compiled
     assert graph._timed is not None and graph._timed[0] == "local-sync"
@@ -375,17 +398,19 @@ def test_a_decisive_gap_between_long_calls_settles_the_driver_early():
     calls each the choice is final, without the rest of the trial or the review."""
     compiled = torch.compile(lambda x: x * 2 + 1, backend="tori", options={"fallback": "error"})
     x = torch.randn(8)
+    compiled(x)  # the first call, untimed
     compiled(x)
     graph = tori.last_compile().forward.compiled
-    calls = 1
+    calls = 2
     while graph.driver_choice is None:
         if graph._timed[0] == "local-sync":
             time.sleep(0.05)  # the caller's work after each local-sync call takes 50 ms
         torch.testing.assert_close(compiled(x), x * 2 + 1)
         calls += 1
     choice = graph.driver_choice
-    # Three calls each (the first a warm-up), settled by the start of the seventh.
-    assert calls == 2 * (DECISIVE_CALLS + 1) + 1, calls
+    # After the untimed first call, three calls each (the first a warm-up), settled by the
+    # start of the eighth.
+    assert calls == 1 + 2 * (DECISIVE_CALLS + 1) + 1, calls
     assert choice.driver == "local-task" and choice.final, choice.reason
     assert "decided for good" in choice.reason and "median of 2 timed calls" in choice.reason
     assert choice.median_us["local-sync"] >= 50_000 > choice.median_us["local-task"]

@@ -25,7 +25,7 @@ from tori.runtime import transfer
 from tori.runtime.module import LoadedModule
 from tori.runtime.seed import SeedSource
 from tori.stats import counters
-from tori.targets import Target
+from tori.targets import Target, spec
 
 _DL_CPU = 1  # DLPack device type code of host memory
 # How IREE reports a failed `torch.runtime.assert`: "...FAILED_PRECONDITION; <message>; \n[ 0] bytecode ...".
@@ -82,9 +82,10 @@ DECISIVE_SECONDS = 0.02
 # 1.57 and 1.66, the T5 encoder 1.83 and 1.87).
 LOCAL_TASK_MARGIN = 1.3
 MARGIN_BELOW_SECONDS = 0.02
-# Calls after which the driver choice is final (the call after the last timed one
-# ends its period and settles).
-SETTLED_AFTER_CALLS = 2 * TRIAL_CALLS_PER_DRIVER + REVIEW_AFTER_CALLS + 2 * TRIAL_CALLS_PER_DRIVER + 1
+# Calls after which the driver choice is final: the first call (untimed, on the target's
+# `first_calls_driver`), two rounds of trials with the review's calls between, and the
+# call after the last timed one, which ends its period and settles.
+SETTLED_AFTER_CALLS = 1 + 2 * TRIAL_CALLS_PER_DRIVER + REVIEW_AFTER_CALLS + 2 * TRIAL_CALLS_PER_DRIVER + 1
 # Seconds this thread has spent in trial calls of any graph: a graph's trial period
 # leaves out the trial calls of other graphs within it. Two graphs called in turn
 # whose trials had started one call apart each timed its local-task calls with the
@@ -142,9 +143,15 @@ class CompiledGraph:
         self.page_collapse: pages.Collapse | None = None  # the last load's
         # The VM arguments of a call: what `_pack` pushes.
         self._vm_arguments = sum(kind in _PUSHED for kind in self._arg_kinds) + (self._seed is not None)
-        self._modules = {} if self._resident else {
-            d: LoadedModule(vmfb, d, device_index=device_index, arguments=self._vm_arguments) for d in drivers}
         self._drivers = tuple(drivers)
+        # Each driver's module is loaded when a call first needs it (`_module`), with the
+        # weights of the last load (`_weight_index`). The graph's first call runs on
+        # `_untimed` alone: the others load at the call after it, before they are timed.
+        first = spec(target).first_calls_driver
+        self._untimed = first if first in self._drivers else self._drivers[0]
+        self._first_call_done = False
+        self._weight_index: rt.ParameterIndex | None = None
+        self._modules: dict[str, LoadedModule] = {} if self._resident else {self._untimed: self._load(self._untimed)}
         if len(drivers) == 1:
             self.driver_choice = DriverChoice(drivers[0], "set by the 'driver' option")
             self._active = self._modules.get(drivers[0])
@@ -200,9 +207,8 @@ class CompiledGraph:
         return found
 
     def _load_weights(self, args) -> None:
-        """(Re)load the module with the resident tensors of `args` as its parameters."""
-        from tori.frontend.resident import SCOPE
-
+        """(Re)load the modules loaded so far (the first call's, when none) with the
+        resident tensors of `args` as their parameters."""
         with self._load_lock:
             if self._weights_current(args):
                 return  # another thread loaded them meanwhile
@@ -210,16 +216,49 @@ class CompiledGraph:
             arrays = self.parameters(args)
             for name, array in arrays.items():
                 index.add_buffer(name, array)
-            drivers = tuple(self._modules) or self._drivers
-            before = pages.snapshot() if self._huge_pages else None
-            self._modules = {d: LoadedModule(self._vmfb, d, device_index=self._device_index, parameters=index,
-                                             scope=SCOPE, arguments=self._vm_arguments) for d in drivers}
-            if before is not None:
-                self.page_collapse = pages.collapse_new(before)
+            self._weight_index = index
+            self._modules = {d: self._load(d) for d in tuple(self._modules) or (self._untimed,)}
             if self.driver_choice is not None:
                 self._active = self._modules[self.driver_choice.driver]
             self._weight_arrays = arrays  # the host memory the parameters were read from
             self._loaded_weights = tuple((i, args[i], args[i]._version, args[i].data_ptr()) for i in self._resident)
+
+    def _load(self, driver: str) -> LoadedModule:
+        """The module on `driver`, with the weights of the last load; the memory they
+        were packed into collapsed into 2 MiB pages after it (runtime/huge_pages.py)."""
+        from tori.frontend.resident import SCOPE
+
+        index = self._weight_index
+        before = pages.snapshot() if self._huge_pages and index is not None else None
+        module = LoadedModule(self._vmfb, driver, device_index=self._device_index, parameters=index,
+                              scope=SCOPE if index is not None else "", arguments=self._vm_arguments)
+        if before is not None:
+            self.page_collapse = pages.collapse_new(before)
+        return module
+
+    def _module(self, driver: str) -> LoadedModule:
+        """The module on `driver`, loaded on first use."""
+        module = self._modules.get(driver)
+        if module is None:
+            with self._load_lock:
+                module = self._modules.get(driver)
+                if module is None:
+                    module = self._load(driver)
+                    self._modules = {**self._modules, driver: module}
+        return module
+
+    def _untimed_call(self) -> bool:
+        """Whether a call before a round of timed calls runs untimed, on `_untimed`: the
+        graph's first call (no other driver's module is loaded for it), and any call
+        while weights' pages are being collapsed (this graph's or another's, which
+        loaded just before: that work shares the cores). The call after the first loads
+        the modules of the other drivers."""
+        if not self._first_call_done:
+            self._first_call_done = True
+            return True
+        for driver in self._drivers:
+            self._module(driver)
+        return pages.collapsing()
 
     def _call_active(self, args):
         counters.compiled_calls += 1
@@ -232,13 +271,12 @@ class CompiledGraph:
         # also slow the caller's own work between calls (see TRIAL_CALLS_PER_DRIVER).
         # Trial calls of other graphs in that period are not counted (`_TRIALS`).
         # Nothing here calls through `self._call`, which a caller may have wrapped.
-        # While weights' pages are being collapsed (runtime/huge_pages.py: this graph's or
-        # another's, which loaded just before) that work shares the cores: the calls
-        # before a round starts run untimed on the first driver.
-        if pages.collapsing() and self._timed is None \
-                and len(self._trials) == TRIAL_CALLS_PER_DRIVER * len(self._modules):
+        # The first call, and calls while weights' pages collapse, come before a round
+        # starts and run untimed (`_untimed_call`).
+        if self._timed is None and len(self._trials) == TRIAL_CALLS_PER_DRIVER * len(self._drivers) \
+                and self._untimed_call():
             counters.compiled_calls += 1
-            return self._run(self._modules[self._drivers[0]], args)
+            return self._run(self._module(self._untimed), args)
         with self._trial_lock:
             now = time.perf_counter()
             if self._timed is not None:
@@ -257,7 +295,7 @@ class CompiledGraph:
                 counters.compiled_calls += 1
                 driver = self._trials.pop(0)
                 try:
-                    return self._run(self._modules[driver], args)
+                    return self._run(self._module(driver), args)
                 finally:
                     _TRIALS.seconds = _trial_seconds() + time.perf_counter() - now
                     self._timed = (driver, now, threading.get_ident(), _trial_seconds())
@@ -268,7 +306,7 @@ class CompiledGraph:
         if self._until_review <= 0:
             with self._trial_lock:
                 if not self._trials and self._timed is None and not self.driver_choice.final:
-                    self._trials = [d for _ in range(TRIAL_CALLS_PER_DRIVER) for d in self._modules]
+                    self._trials = [d for _ in range(TRIAL_CALLS_PER_DRIVER) for d in self._drivers]
                     self._call = self._call_measuring
         return self._call_active(args)
 

@@ -40,6 +40,10 @@ class TargetSpec:
     # converted back: Vulkan's portable baseline has no float64, and IREE 3.13's CUDA
     # codegen fails ("failed to distribute") on float64 scalars in attention.
     float64: bool = True
+    # The driver of a graph's calls before its drivers are timed (the first call; calls
+    # while weights' pages collapse): the one whose threads give one call of real
+    # compute its shortest time. None: the first of `drivers`.
+    first_calls_driver: str | None = None
 
     def compile_flags(self, arch: str | None = None) -> list[str]:
         arch = arch or self.default_arch
@@ -63,7 +67,7 @@ SPECS: dict[Target, TargetSpec] = {
     Target.CPU: TargetSpec(
         Target.CPU, hal_device="local", backend="llvm-cpu", drivers=("local-sync", "local-task"),
         arch_option="cpu", arch_flag="--iree-llvmcpu-target-cpu", default_arch="host",
-        executable_format="embedded-elf", host_memory=True),
+        executable_format="embedded-elf", host_memory=True, first_calls_driver="local-task"),
     Target.CUDA: TargetSpec(
         # sm_80 PTX: the CUDA driver JIT-compiles it for any newer GPU (docs/targets.md).
         Target.CUDA, hal_device="cuda", backend="cuda", drivers=("cuda",),
