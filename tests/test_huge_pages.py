@@ -16,6 +16,7 @@ import tori
 from tori.config import Options
 from tori.errors import OptionsError
 from tori.runtime import huge_pages
+from tori.runtime.compiled_graph import TRIAL_BLOCK_CALLS, TRIAL_CALLS_PER_DRIVER
 from tori.testing import count_graphs
 
 _THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
@@ -94,6 +95,34 @@ def test_driver_trials_wait_while_any_graphs_collapse_runs():
     assert not huge_pages.collapsing()
     torch.testing.assert_close(compiled(x), x * 2 + 1)
     assert graph._timed is not None  # the round's first timed call
+
+
+def test_a_collapse_during_a_driver_trial_round_drops_the_round():
+    """Weights' pages collapsed while a round of timed calls runs (another graph's load
+    began it): the collapse takes a core, so the round's timings are dropped and the
+    round runs again, whole, once no collapse runs."""
+    compiled = torch.compile(lambda x: x * 2 + 1, backend="tori", options={"fallback": "error"})
+    x = torch.randn(8)
+    for _ in range(3):  # the untimed first call, then the round's first two calls
+        torch.testing.assert_close(compiled(x), x * 2 + 1)
+    graph = tori.last_compile().forward.compiled
+    assert graph._timed is not None and sum(map(len, graph._timings.values())) == 1
+    before = huge_pages.snapshot()
+    loaded = _Mapping(8 << 20, touched=True)  # as a module's packed weights appear at its load
+    try:
+        work = huge_pages.collapse_new(before)
+        assert work.regions
+        with count_graphs() as count:
+            torch.testing.assert_close(compiled(x), x * 2 + 1)  # its period held the collapse
+        assert count.compiled_calls == 1 and graph._timed is None and not any(graph._timings.values())
+        assert len(graph._trials) == 2 * TRIAL_CALLS_PER_DRIVER
+        work.join(timeout=60)
+        while graph.driver_choice is None:
+            torch.testing.assert_close(compiled(x), x * 2 + 1)
+        counted = TRIAL_CALLS_PER_DRIVER - TRIAL_CALLS_PER_DRIVER // TRIAL_BLOCK_CALLS
+        assert f"median of {counted} timed calls" in graph.driver_choice.reason
+    finally:
+        loaded.close()
 
 
 _PROT_NONE = 0

@@ -36,11 +36,12 @@ _IREE_HEAP_ALIGNMENT = 64  # bytes; IREE refuses to import host memory aligned l
 _PUSHED = frozenset((ArgKind.TENSOR, ArgKind.WRITTEN_TENSOR, ArgKind.UPDATED_TENSOR, ArgKind.STATIC_TENSOR,
                      ArgKind.INT, ArgKind.FLOAT))  # argument kinds passed to IREE (`_pack`)
 
-# Calls spent timing each driver when the driver is chosen by measurement, taken
-# alternately; the first of each is a warm-up and is not counted. A call is timed
-# from its start to the start of the graph's next call, and the median decides: the
-# calls alternate, so a neighbour slows both drivers alike, while what local-task
-# costs beyond the call is counted. Its threads slow the caller's own work between
+# Calls spent timing each driver when the driver is chosen by measurement, in blocks of
+# TRIAL_BLOCK_CALLS consecutive calls on one driver, the drivers' blocks alternating;
+# the first call of each block is a warm-up and is not counted. A call is timed from
+# its start to the start of the graph's next call, and the median decides: the blocks
+# alternate, so a neighbour slows both drivers alike, while what local-task costs
+# beyond the call is counted. Its threads slow the caller's own work between
 # calls: in transformers' generate loop, the Python work around a weight-only int8
 # Llama decoding step took 2.46 ms per token after local-task steps, 1.72 after
 # local-sync ones, and a token 5.75 against 4.74 ms. Timed alone, the step chose
@@ -48,6 +49,19 @@ _PUSHED = frozenset((ArgKind.TENSOR, ArgKind.WRITTEN_TENSOR, ArgKind.UPDATED_TEN
 # to the next call, local-sync (medians 4.02 against 4.22 ms; float32 7.30 against
 # 11.07).
 TRIAL_CALLS_PER_DRIVER = 6
+# A block's calls run as a stretch on one driver does: each driver's module packs its
+# own copy of the resident weights, and calls alternating one by one read the two
+# copies in turn. A Llama decoding step (113 MB of weights, Intel Xeon, 2026-12-07) ran
+# its IREE invocation in 3.2-4.4 ms on local-task and 4.5-7.0 on local-sync in stretches
+# of one driver, 5.2-6.6 and 5.8-8.3 alternating one by one. Its trials, then whole
+# generate() runs on each driver in turn in the same process (ms a token): alternating
+# calls, first-round medians 9.86 on local-sync against 6.21 on local-task, 10.36
+# against 8.54, 13.79 against 12.51, 10.39 against 10.65, 11.62 against 7.79 (local-task
+# chosen twice), while local-sync's tokens took 1.06-1.42x local-task's in all five
+# (8.00 against 7.06, 9.37 against 8.08, 12.36 against 8.69, 11.43 against 8.98, 9.21
+# against 8.67); in blocks of three, both rounds' medians 1.32, 1.38, 1.20 and 1.49x
+# apart for local-task (chosen three times), its tokens 1.23, 1.23, 1.14 and 1.28x faster.
+TRIAL_BLOCK_CALLS = 3
 # Calls on the driver chosen first before the drivers are timed once more; the median
 # call over both rounds then decides for good. A first round disturbed by a neighbour
 # or by the compile that just ended (inductor's compile workers, iree-compile) is
@@ -79,8 +93,13 @@ DECISIVE_SECONDS = 0.02
 # 0.69-1.26, and at 1.26 (2026-12-07) the step took 7.47 ms a token on local-task against
 # 6.79 on local-sync in the run before; every graph of real compute under 20 ms chose
 # local-task by 1.40 or more (MobileNetV3 at one image 1.40 and 1.45, EfficientNet-B0
-# 1.57 and 1.66, the T5 encoder 1.83 and 1.87).
-LOCAL_TASK_MARGIN = 1.3
+# 1.57 and 1.66, the T5 encoder 1.83 and 1.87). Those trials alternated call by call
+# (an AMD EPYC); the margin was 1.3 then. Timed in blocks (TRIAL_BLOCK_CALLS) on an Intel
+# Xeon (2026-12-07), the decoding row's step (`bench_models.py --models llama_decode
+# --no-inductor`, three runs each) timed local-task 1.13, 1.15 and 1.22x shorter, kept
+# local-sync at 1.3 and ran at 0.83, 0.90 and 0.77x eager's speed a token; with 1.1 it
+# timed 1.47, 1.16 and 1.60x, chose local-task and ran at 0.85, 1.04 and 0.92x.
+LOCAL_TASK_MARGIN = 1.1
 MARGIN_BELOW_SECONDS = 0.02
 # Calls after which the driver choice is final: the first call (untimed, on the target's
 # `first_calls_driver`), two rounds of trials with the review's calls between, and the
@@ -158,9 +177,11 @@ class CompiledGraph:
             self._call = self._call_active
         else:
             self.driver_choice = None
-            self._trials = [d for _ in range(TRIAL_CALLS_PER_DRIVER) for d in drivers]
+            self._trials = self._round_order()
             self._timings: dict[str, list[float]] = {d: [] for d in drivers}
             self._timed: tuple[str, float] | None = None  # the trial call whose period runs
+            # At the round's first call: collapses begun, and each driver's timings before it.
+            self._round: tuple[int, dict[str, int]] = (0, {})
             self._trial_lock = threading.Lock()
             self._until_review = REVIEW_AFTER_CALLS
             self._call = self._call_measuring
@@ -286,12 +307,17 @@ class CompiledGraph:
                 between = _trial_seconds() - others if thread == threading.get_ident() else 0.0
                 self._timings[driver].append(now - start - between)
                 self._timed = None
+                if self._round_disturbed():
+                    counters.compiled_calls += 1
+                    return self._run(self._module(self._untimed), args)
                 if not self._trials:  # the round's last period: it is complete
                     self._settle()
                 elif self._decisive():
                     self._trials = []
                     self._settle(decisive=True)
             if self._trials:
+                if len(self._trials) == TRIAL_CALLS_PER_DRIVER * len(self._drivers):  # a round begins
+                    self._round = (pages.collapses_begun(), {d: len(t) for d, t in self._timings.items()})
                 counters.compiled_calls += 1
                 driver = self._trials.pop(0)
                 try:
@@ -301,18 +327,40 @@ class CompiledGraph:
                     self._timed = (driver, now, threading.get_ident(), _trial_seconds())
         return self._call_until_review(args) if not self.driver_choice.final else self._call_active(args)
 
+    def _round_order(self) -> list[str]:
+        """The drivers of a round's calls, in order: blocks of TRIAL_BLOCK_CALLS, alternating."""
+        return [d for _ in range(TRIAL_CALLS_PER_DRIVER // TRIAL_BLOCK_CALLS) for d in self._drivers
+                for _ in range(TRIAL_BLOCK_CALLS)]
+
+    def _round_disturbed(self) -> bool:
+        """Whether weights' pages were collapsed while the round of timed calls ran (a
+        load of this graph's or another's began one): the round's timings are then
+        dropped, and the round runs again once no collapse runs (`_untimed_call`). The
+        collapse takes a core: local-task's calls, which want both, slowed most. A Llama
+        decoding step whose first round overlapped the loads of the prefill graph's
+        modules timed local-task's calls at 27 ms against local-sync's 13.5, and settled on
+        local-sync for good; its calls alone took 3.2-4.4 ms on local-task, 4.5-7.0 on
+        local-sync."""
+        begun, lengths = self._round
+        if pages.collapses_begun() == begun and not pages.collapsing():
+            return False
+        for driver, times in self._timings.items():
+            del times[lengths[driver]:]
+        self._trials = self._round_order()
+        return True
+
     def _call_until_review(self, args):
         self._until_review -= 1
         if self._until_review <= 0:
             with self._trial_lock:
                 if not self._trials and self._timed is None and not self.driver_choice.final:
-                    self._trials = [d for _ in range(TRIAL_CALLS_PER_DRIVER) for d in self._drivers]
+                    self._trials = self._round_order()
                     self._call = self._call_measuring
         return self._call_active(args)
 
     def _counted(self) -> dict[str, list[float]]:
-        # The first call of each driver in each round warms it up and is not counted.
-        return {d: [t[i] for i in range(len(t)) if i % TRIAL_CALLS_PER_DRIVER] for d, t in self._timings.items()}
+        # The first call of each block warms its driver up and is not counted.
+        return {d: [t[i] for i in range(len(t)) if i % TRIAL_BLOCK_CALLS] for d, t in self._timings.items()}
 
     def _decisive(self) -> bool:
         """Whether the timed calls so far show one driver far faster (DECISIVE_RATIO)."""

@@ -163,10 +163,12 @@ class Collapse:
 
 _started: list[Collapse] = []  # the collapses begun in this process, until they end (`collapsing`)
 _started_lock = threading.Lock()
+_begun = 0  # the collapses begun in this process, ever (`collapses_begun`)
 
 
 def collapse_new(before: frozenset[Region]) -> Collapse:
     """Collapse, in a thread, the memory mapped since `before` (see the module)."""
+    global _begun
     if sys.platform != "linux":
         return Collapse([])
     regions = [resident for region in _regions() if region not in before for part in _new_parts(region, before)
@@ -177,7 +179,14 @@ def collapse_new(before: frozenset[Region]) -> Collapse:
         work._thread.start()
         with _started_lock:
             _started.append(work)
+            _begun += 1
     return work
+
+
+def collapses_begun() -> int:
+    """How many collapses this process has begun: a count that moved, or `collapsing`,
+    tells that one ran during a span of time."""
+    return _begun
 
 
 def collapsing() -> bool:
