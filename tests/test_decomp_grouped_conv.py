@@ -1,6 +1,7 @@
 """Convolutions rewritten before import (tori/frontend/decomp/grouped_conv.py): 1x1 ones
 as matmuls, grouped ones as one convolution per group or as taps of the padded input,
-and float32 depthwise ones in channels-last form (tori/passes/depthwise_nhwc.py),
+and float32 depthwise ones in channels-last form, one input channel's as a sum of
+taps (tori/passes/depthwise_nhwc.py),
 compiled and compared with eager: strides, padding, dilation, channel multipliers,
 batches, float16, and gradients."""
 
@@ -26,6 +27,8 @@ CASES = {
     "depthwise stride 2": (12, 12, 3, 2, 1, 1, 12, False, 3, 11),
     "depthwise dilated": (6, 6, 3, 1, 2, 2, 6, True, 1, 10),
     "channel multiplier": (4, 12, 3, 1, 0, 1, 4, True, 2, 8),
+    "one input channel": (1, 16, 3, 1, 1, 1, 1, True, 2, 9),
+    "one input channel, strided, dilated, asymmetric": (1, 6, (5, 3), (2, 1), (2, 0), (1, 2), 1, False, 3, 11),
     "grouped RegNet": (24, 24, 3, 1, 1, 1, 3, False, 1, 12),
     "grouped RegNet, its first stage at 224x224": (48, 48, 3, 1, 1, 1, 2, False, 1, 56),
     "grouped stride 2 asymmetric": (8, 16, (3, 1), (2, 1), (1, 0), 1, 2, True, 2, 9),
@@ -40,7 +43,7 @@ def test_grouped_convolution_matches_eager(case, tmp_path):
     with torch.no_grad():
         assert_matches_eager(conv, x, options={"dump_dir": str(tmp_path)}, rtol=1e-4, atol=1e-5)
     graph = tori.last_compile().graphs[0]
-    depthwise = cin == cout == groups
+    depthwise = cin == groups and (cin == cout or cin == 1)  # one input channel: its multiplier form
     out_h, out_w = (F.conv2d(x, conv.weight, None, stride, padding, dilation, groups).shape[-2:])
     gflop = 2 * batch * out_h * out_w * cout * (cin // groups) * conv.weight.shape[2] * conv.weight.shape[3] / 1e9
     split = cin // groups > 1 and gflop >= SPLIT_MIN_GFLOP and direct_convolutions(Options())

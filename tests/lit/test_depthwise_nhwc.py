@@ -1,5 +1,6 @@
 """FileCheck tests of tori-depthwise-nhwc: float32 depthwise convolutions become a call
-of a channels-last function; every other convolution is left as it is."""
+of a channels-last function, one input channel's a call of a sum of taps; every other
+convolution is left as it is."""
 
 PIPELINE = "tori-depthwise-nhwc"
 
@@ -78,6 +79,35 @@ def test_one_function_serves_every_convolution_of_its_form(filecheck):
         # CHECK-COUNT-2: call @tori_depthwise_1x8x6x6_3x3_s1x1_p1x1_d1x1_f32
     """)
     assert output.count("func.func private @tori_depthwise") == 1
+
+
+def test_one_input_channel_becomes_a_sum_of_taps(filecheck):
+    # A spectrogram's first convolution: one input channel into 16, 3x3, with a bias.
+    x, w, b, out = ("!torch.vtensor<[4,1,64,101],f32>", "!torch.vtensor<[16,1,3,3],f32>", "!torch.vtensor<[16],f32>",
+                    "!torch.vtensor<[4,16,64,101],f32>")
+    output = filecheck(f"""
+        func.func @spectrogram(%arg0: {x}, %arg1: {w}, %arg2: {b}) -> {out} {{
+          {_conv(x, w, out, bias="%arg2", groups=1, bias_type=b)}
+          return %0 : {out}
+        }}
+    """, """
+        # CHECK-LABEL: func.func @spectrogram
+        # CHECK:         call @tori_depthwise_4x1x64x101_3x3_s1x1_p1x1_d1x1_m16_bias_f32
+        # CHECK-NOT:     torch.aten.convolution
+        # CHECK-LABEL: func.func private @tori_depthwise_4x1x64x101_3x3_s1x1_p1x1_d1x1_m16_bias_f32
+        # CHECK:         tensor.pad {{.*}} low[0, 1, 1] high[0, 1, 1]
+        # CHECK:         linalg.transpose {{.*}} permutation = [1, 0]
+        # CHECK-COUNT-9: tensor.extract_slice
+        # CHECK:         tensor.extract_slice %{{.*}}[0, 2, 2] [4, 64, 101] [1, 1, 1] : tensor<4x66x103xf32> to tensor<4x64x101xf32>
+        # CHECK:         linalg.generic
+        # CHECK-SAME:      iterator_types = ["parallel", "parallel", "parallel", "parallel"]
+        # CHECK-SAME:      outs({{.*}} : tensor<4x16x64x101xf32>)
+        # CHECK-COUNT-9: arith.mulf
+        # CHECK:         linalg.yield
+        # CHECK-NOT:     linalg.transpose
+        # CHECK:         return {{.*}} : tensor<4x16x64x101xf32>
+    """)
+    assert output.count("arith.addf") == 9  # eight between the taps, one for the bias
 
 
 def test_other_convolutions_are_left_as_they_are(filecheck):
