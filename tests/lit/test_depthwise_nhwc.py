@@ -122,6 +122,8 @@ def test_other_convolutions_are_left_as_they_are(filecheck):
         ("!torch.vtensor<[?,8,6,6],f32>", "!torch.vtensor<[8,1,3,3],f32>", "!torch.vtensor<[?,8,6,6],f32>", 8),
         # channel multiplier
         ("!torch.vtensor<[1,4,6,6],f32>", "!torch.vtensor<[8,1,3,3],f32>", "!torch.vtensor<[1,8,6,6],f32>", 4),
+        # one input channel, more taps than MAX_TAPS
+        ("!torch.vtensor<[1,1,16,16],f32>", "!torch.vtensor<[8,1,9,9],f32>", "!torch.vtensor<[1,8,10,10],f32>", 1),
     ]
     for x, w, out, groups in cases:
         output = filecheck(f"""

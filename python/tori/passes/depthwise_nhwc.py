@@ -51,6 +51,9 @@ from tori.passes.builtin_calls import (builtin_tensor, call_private_function, f3
 from tori.passes.registry import register_pass
 
 PASS_NAME = "tori-depthwise-nhwc"
+# The most taps (kernel rows times columns) of a one-channel convolution summed in one
+# generic, each tap an operand of it: a 7x7 stem's 49.
+MAX_TAPS = 49
 
 @dataclass(frozen=True)
 class WindowForm:
@@ -104,8 +107,20 @@ class Depthwise(WindowForm):
         bias_arg = f", %b: {t(c)}" if self.bias else ""
         lines = [
             f"func.func private @{self.name}(%x: {t(n, c, h, w)}, %w: {t(c, 1, kh, kw)}{bias_arg}) -> {t(n, c, oh, ow)} {{",
+            "  %zero = arith.constant 0.0 : f32",
+            f"  %xt0 = tensor.empty() : {t(n, h, w, c)}",
+            f"  %xt = linalg.transpose ins(%x : {t(n, c, h, w)}) outs(%xt0 : {t(n, h, w, c)}) permutation = [0, 2, 3, 1]",
         ]
-        source, padded = self._input_lines(lines)
+        padded = (n, h + 2 * ph, w + 2 * pw, c)
+        source = "%xt"
+        if ph or pw:
+            source = "%xp"
+            lines += [
+                f"  %xp = tensor.pad %xt low[0, {ph}, {pw}, 0] high[0, {ph}, {pw}, 0] {{",
+                "  ^bb0(%i0: index, %i1: index, %i2: index, %i3: index):",
+                "    tensor.yield %zero : f32",
+                f"  }} : {t(n, h, w, c)} to {t(*padded)}",
+            ]
         lines += [
             f"  %wc = tensor.collapse_shape %w [[0, 1], [2], [3]] : {t(c, 1, kh, kw)} into {t(c, kh, kw)}",
             f"  %wt0 = tensor.empty() : {t(kh, kw, c)}",
@@ -143,39 +158,13 @@ class Depthwise(WindowForm):
         ]
         return "\n".join(lines)
 
-
-    def _input_lines(self, lines: list[str]) -> tuple[str, tuple[int, ...]]:
-        """Append the ops that give the input channels-last, padded (%zero among them);
-        the value's name and shape."""
-        n, c, h, w = self.input
-        ph, pw = self.padding
-
-        def t(*dims: int) -> str:
-            return f"tensor<{'x'.join(map(str, dims))}xf32>"
-
-        lines += [
-            "  %zero = arith.constant 0.0 : f32",
-            f"  %xt0 = tensor.empty() : {t(n, h, w, c)}",
-            f"  %xt = linalg.transpose ins(%x : {t(n, c, h, w)}) outs(%xt0 : {t(n, h, w, c)}) permutation = [0, 2, 3, 1]",
-        ]
-        if not (ph or pw):
-            return "%xt", (n, h, w, c)
-        padded = (n, h + 2 * ph, w + 2 * pw, c)
-        lines += [
-            f"  %xp = tensor.pad %xt low[0, {ph}, {pw}, 0] high[0, {ph}, {pw}, 0] {{",
-            "  ^bb0(%i0: index, %i1: index, %i2: index, %i3: index):",
-            "    tensor.yield %zero : f32",
-            f"  }} : {t(n, h, w, c)} to {t(*padded)}",
-        ]
-        return "%xp", padded
-
     def _single_channel_function(self) -> str:
         """The private function of a convolution of one input channel into `multiplier`
         output channels (an audio spectrogram's or a grayscale image's first convolution):
         one elementwise generic over [N, M, OH, OW] that sums the kernel's taps, each a
         strided slice of the padded input times a [M] column of the weight. IREE lowers
         the NCHW convolution with one input channel, or a windowed generic like the
-        depthwise one's, without vectorizing it: 2.0-4.3 ms for a 3x3 one from 4x64x101
+        depthwise one's, without vectorizing it: 2.0-4.7 ms for a 3x3 one from 4x64x101
         to 16 channels (Intel Xeon, `iree-benchmark-module`), 0.44 ms in this form."""
         n, _, h, w = self.input
         kh, kw = self.kernel
@@ -184,9 +173,7 @@ class Depthwise(WindowForm):
         _, _, oh, ow = self.output
         (sh, sw), (dh, dw) = self.stride, self.dilation
         taps = kh * kw
-
-        def t(*dims: int) -> str:
-            return f"tensor<{'x'.join(map(str, dims))}xf32>"
+        t = builtin_tensor
 
         bias_arg = f", %b: {t(m)}" if self.bias else ""
         padded = (n, h + 2 * ph, w + 2 * pw)
@@ -254,8 +241,8 @@ def depthwise_form(op: ir.Operation) -> Depthwise | None:
     if kernel[1] != 1 or torch_constant(groups, "int") != channels or out[1] != kernel[0] or kernel[0] % channels:
         return None
     multiplier = kernel[0] // channels
-    if multiplier > 1 and channels > 1:  # grouped ones are taps (frontend/decomp/grouped_conv.py)
-        return None
+    if multiplier > 1 and (channels > 1 or kernel[2] * kernel[3] > MAX_TAPS):
+        return None  # grouped ones are taps before import (frontend/decomp/grouped_conv.py)
     if torch_constant(transposed, "bool") is not False:
         return None
     pairs = [int_pair(v) for v in (stride, padding, dilation)]

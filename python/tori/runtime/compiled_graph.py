@@ -52,8 +52,8 @@ TRIAL_CALLS_PER_DRIVER = 6
 # A block's calls run as a stretch on one driver does: each driver's module packs its
 # own copy of the resident weights, and calls alternating one by one read the two
 # copies in turn. A Llama decoding step (113 MB of weights, Intel Xeon, 2026-12-07) ran
-# its IREE invocation in 3.2-4.4 ms on local-task and 4.5-7.0 on local-sync in stretches
-# of one driver, 5.2-6.6 and 5.8-8.3 alternating one by one. Its trials, then whole
+# its IREE invocation in 3.2-4.6 ms on local-task and 4.5-7.0 on local-sync in stretches
+# of one driver, 5.2-6.7 and 5.8-8.3 alternating one by one. Its trials, then whole
 # generate() runs on each driver in turn in the same process (ms a token): alternating
 # calls, first-round medians 9.86 on local-sync against 6.21 on local-task, 10.36
 # against 8.54, 13.79 against 12.51, 10.39 against 10.65, 11.62 against 7.79 (local-task
@@ -336,11 +336,12 @@ class CompiledGraph:
         """Whether weights' pages were collapsed while the round of timed calls ran (a
         load of this graph's or another's began one): the round's timings are then
         dropped, and the round runs again once no collapse runs (`_untimed_call`). The
-        collapse takes a core: local-task's calls, which want both, slowed most. A Llama
-        decoding step whose first round overlapped the loads of the prefill graph's
-        modules timed local-task's calls at 27 ms against local-sync's 13.5, and settled on
-        local-sync for good; its calls alone took 3.2-4.4 ms on local-task, 4.5-7.0 on
-        local-sync."""
+        collapse takes a core, and local-task's calls want both. In a Llama decoding loop
+        the prefill graph's modules load with the next generate(), while the decoding
+        graph's first round runs: that round settled at the graph's 39th call with a
+        collapse running all through it, on medians of 13.5 ms (local-sync) and 15.0
+        (local-task), where the step's calls take 3.2-4.6 ms on local-task and 4.5-7.0 on
+        local-sync in stretches of one driver."""
         begun, lengths = self._round
         if pages.collapses_begun() == begun and not pages.collapsing():
             return False
