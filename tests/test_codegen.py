@@ -160,7 +160,10 @@ _AVX512_HOST = "+avx512f" in cpu_features("host")
 @pytest.mark.parametrize("rows, inputs, outputs", [(128, 512, 512), (200, 480, 400), (197, 384, 1152)])
 def test_packed_matmuls_match_eager(rows, inputs, outputs):
     # Rows and columns off the tile are padded in the pack and dropped in the unpack; 128
-    # rows take tiles of 13 rows, 200 and 197 tiles of 12 (tile_rows).
+    # rows take tiles of 13 rows, 200 and 197 tiles of 12 (tile_rows). Hidden layers of
+    # whole column tiles (512, 1152) stay in their tiles for the second matmul
+    # (passes/packed_chains.py): the first matmul is a contraction with the bias and GELU
+    # in its dispatch; 400 columns (12.5 tiles) are unpacked and packed again.
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(inputs, outputs), nn.GELU(), nn.Linear(outputs, inputs)).eval()
     with torch.no_grad():
@@ -172,9 +175,50 @@ def test_packed_matmuls_match_eager(rows, inputs, outputs):
     tile = tile_rows(rows, 14)
     assert tile == {128: 13, 200: 12, 197: 12}[rows]
     m1 = -(-rows // tile)
-    assert f"mmt4d_{m1}x{-(-outputs // 32)}x{inputs}x{tile}x32x1".encode() in vmfb
-    assert f"mmt4d_{m1}x{-(-inputs // 32)}x{outputs}x{tile}x32x1".encode() in vmfb
-    assert b"_matmul_" not in vmfb
+    first, second = f"{m1}x{-(-outputs // 32)}x{tile}x32x{inputs}", f"mmt4d_{m1}x{-(-inputs // 32)}x{outputs}x{tile}x32x1"
+    if outputs % 32:
+        assert f"mmt4d_{m1}x{-(-outputs // 32)}x{inputs}x{tile}x32x1".encode() in vmfb and b"_matmul_" not in vmfb
+        assert b"unpack_elementwise" in vmfb
+    else:
+        assert f"matmul_like_{first}".encode() in vmfb and f"elementwise_{rows}x{outputs}_f32_pack".encode() not in vmfb
+    assert second.encode() in vmfb
+
+
+@pytest.mark.skipif(not _AVX512_HOST, reason="tori's packed tiles are for AVX-512 CPUs; this one has none")
+@pytest.mark.parametrize("activation", ["swiglu", "relu_squared", "two_hidden"])
+def test_chains_of_packed_matmuls_match_eager(activation):
+    # A gated MLP (Llama's: silu(x @ gate) * (x @ up) @ down) has two leaves; a squared
+    # ReLU runs its ops on the tiles; two hidden layers make the middle matmul both a
+    # chain's consumer and the next one's leaf.
+    class Mlp(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate, self.up, self.down = nn.Linear(256, 512, bias=False), nn.Linear(256, 512), nn.Linear(512, 256)
+            self.mid = nn.Linear(512, 512)
+
+        def forward(self, x):
+            if activation == "swiglu":
+                hidden = nn.functional.silu(self.gate(x)) * self.up(x)
+            elif activation == "relu_squared":
+                hidden = torch.relu(self.up(x)).pow(2) * 0.5 + 0.125
+            else:
+                hidden = torch.tanh(self.mid(torch.relu(self.up(x))))
+            return self.down(hidden)
+
+    torch.manual_seed(0)
+    with torch.no_grad():
+        assert_matches_eager(Mlp().eval(), torch.randn(300, 256), options={"cache": False}, rtol=1e-4, atol=1e-4)
+    graph = tori.last_compile().graphs[0]
+    source, vmfb = graph.iree_bytecode, graph.stages["vmfb"]
+    # 300 rows in 25 tiles of 12
+    assert b"tori_packed_mm_300x256x512_nk_12x32_tiledout" in source
+    assert b"tori_packed_mm_300x512x256_nk_12x32_tiledin" in source
+    # the first matmul's dispatch, named by its contraction or by the transposed write
+    # of its elementwise ops, holds them: no dispatch of the hidden layer's own
+    assert re.search(rb"matmul_like_25x16x(12x32|32x12)x256_", vmfb) and b"elementwise_300x512" not in vmfb
+    if activation == "two_hidden":
+        assert b"tori_packed_mm_300x512x512_nk_12x32_tiledin_tiledout" in source
+        assert re.search(rb"matmul_like_25x16x(12x32|32x12)x512_", vmfb)
 
 
 @pytest.mark.skipif(not _AVX512_HOST, reason="tori's packed tiles are for AVX-512 CPUs; this one has none")

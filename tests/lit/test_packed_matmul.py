@@ -119,8 +119,9 @@ def test_layers_of_one_shape_share_one_function(filecheck):
           %t = torch.aten.permute %arg1, %dims : {w}, !torch.list<int> -> {wt}
           %0 = torch.aten.mm %arg0, %t : {x}, {wt} -> {x}
           %u = torch.aten.permute %arg2, %dims : {w}, !torch.list<int> -> {wt}
-          %1 = torch.aten.mm %0, %u : {x}, {wt} -> {x}
-          %2 = torch.aten.relu %1 : {x} -> {x}
+          %1 = torch.aten.mm %arg0, %u : {x}, {wt} -> {x}
+          %int1_0 = torch.constant.int 1
+          %2 = torch.aten.add.Tensor %0, %1, %int1_0 : {x}, {x}, !torch.int -> {x}
           return %2 : {x}
         }}
     """, """
@@ -393,3 +394,127 @@ def test_a_matmul_after_one_left_to_iree_data_tiling_is_left_to_it_too(filecheck
         # CHECK:         call @tori_packed_mm_1568x80x480_14x32(
     """)
     assert "torch.aten.mm" not in output
+
+
+def mlp(m: int, k: int, n: int, tail: str = "", extra_args: str = "", returned: str = "") -> str:
+    """`@mlp`: a linear layer [m, k] -> [m, n] viewed as [1, m, n], its bias added and
+    a ReLU applied, viewed back and multiplied by an [n, k] weight's transpose, a ReLU
+    after it; `tail`: ops in place of the first ReLU reading %4 ([1, m, n]), the last
+    of them %h; `returned`: %h's type, %h also returned."""
+    x, w1, w2 = t(m, k), t(n, k), t(k, n)
+    h, h3 = t(m, n), t(1, m, n)
+    tail = tail or f"%h = torch.aten.relu %4 : {h3} -> {h3}"
+    return f"""
+        func.func @mlp(%arg0: {x}, %arg1: {w1}, %arg2: {t(n)}, %arg3: {w2}{extra_args}) -> ({t(m, k)}{returned and ', ' + returned}) {{
+          {DIMS}
+          %int1_0 = torch.constant.int 1
+          %intm = torch.constant.int {m}
+          %intn = torch.constant.int {n}
+          %size3 = torch.prim.ListConstruct %int1_0, %intm, %intn : (!torch.int, !torch.int, !torch.int) -> !torch.list<int>
+          %size2 = torch.prim.ListConstruct %intm, %intn : (!torch.int, !torch.int) -> !torch.list<int>
+          %t1 = torch.aten.permute %arg1, %dims : {w1}, !torch.list<int> -> {t(k, n)}
+          %0 = torch.aten.mm %arg0, %t1 : {x}, {t(k, n)} -> {h}
+          %1 = torch.aten.add.Tensor %0, %arg2, %int1_0 : {h}, {t(n)}, !torch.int -> {h}
+          %4 = torch.aten.view %1, %size3 : {h}, !torch.list<int> -> {h3}
+          {tail}
+          %5 = torch.aten.clone %h, %none : {h3}, !torch.none -> {h3}
+          %6 = torch.aten.view %5, %size2 : {h3}, !torch.list<int> -> {h}
+          %t2 = torch.aten.permute %arg3, %dims : {w2}, !torch.list<int> -> {t(n, k)}
+          %7 = torch.aten.mm %6, %t2 : {h}, {t(n, k)} -> {t(m, k)}
+          %8 = torch.aten.relu %7 : {t(m, k)} -> {t(m, k)}
+          return %8{returned and ', %h'} : {t(m, k)}{returned and ', ' + returned}
+        }}
+    """.replace("{DIMS}", DIMS).replace("%int1_0 = torch.constant.int 1\n", "%int1_0 = torch.constant.int 1\n          %none = torch.constant.none\n", 1)
+
+
+def test_a_hidden_layer_stays_in_its_tiles_between_two_matmuls(filecheck):
+    # DeiT-small's MLP at 8 images: 1576 rows in 113 tiles of 14, 1536 hidden columns in
+    # 48 tiles of 32. The first matmul's result stays [113, 48, 14, 32]; the bias is
+    # viewed [48, 1, 32], the views and the clone go, the ReLU runs on the tiles, and the
+    # second matmul transposes each tile into its left operand's layout.
+    filecheck(mlp(1576, 384, 1536), """
+        # CHECK-DAG:   #[[LEFT:map[0-9]*]] = affine_map<(d0, d1, d2, d3, d4) -> (d0, d4, d2)>
+        # CHECK-DAG:   #[[RIGHT:map[0-9]*]] = affine_map<(d0, d1, d2, d3, d4) -> (d1, d4, d3)>
+        # CHECK-DAG:   #[[OUT:map[0-9]*]] = affine_map<(d0, d1, d2, d3, d4) -> (d0, d1, d2, d3)>
+        # CHECK-LABEL: func.func @mlp
+        # CHECK:         %[[H:.+]] = call @tori_packed_mm_1576x384x1536_nk_14x32_tiledout(
+        # CHECK-SAME:      -> tensor<113x48x14x32xf32>
+        # CHECK:         %[[T:.+]] = "torch_c.from_builtin_tensor"(%[[H]]) : (tensor<113x48x14x32xf32>) -> !torch.vtensor<[113,48,14,32],f32>
+        # CHECK:         %[[B:.+]] = torch.aten.view %arg2, %{{.+}} : !torch.vtensor<[1536],f32>, !torch.list<int> -> !torch.vtensor<[48,1,32],f32>
+        # CHECK:         %[[S:.+]] = torch.aten.add.Tensor %[[T]], %[[B]], %{{.+}} : !torch.vtensor<[113,48,14,32],f32>, !torch.vtensor<[48,1,32],f32>, !torch.int -> !torch.vtensor<[113,48,14,32],f32>
+        # CHECK-NOT:     torch.aten.clone
+        # CHECK:         %[[R:.+]] = torch.aten.relu %[[S]] : !torch.vtensor<[113,48,14,32],f32> -> !torch.vtensor<[113,48,14,32],f32>
+        # CHECK:         %[[L:.+]] = "torch_c.to_builtin_tensor"(%[[R]])
+        # CHECK:         call @tori_packed_mm_1576x1536x384_nk_14x32_tiledin(%[[L]], %{{.+}}) : (tensor<113x48x14x32xf32>, tensor<384x1536xf32>) -> tensor<1576x384xf32>
+        # CHECK-NOT:     torch.aten.mm
+        # CHECK-LABEL: func.func private @tori_packed_mm_1576x384x1536_nk_14x32_tiledout
+        # CHECK:         %[[A:.+]] = linalg.pack %arg0 {{.+}} -> tensor<113x384x14x1xf32>
+        # CHECK:         %[[W:.+]] = linalg.pack %arg1 {{.+}} -> tensor<48x384x32x1xf32>
+        # CHECK:         %[[C:.+]] = linalg.generic {indexing_maps = [#[[LEFT]], #[[RIGHT]], #[[OUT]]],
+        # CHECK-SAME:      iterator_types = ["parallel", "parallel", "parallel", "parallel", "reduction"]
+        # CHECK-SAME:      outs(%{{.+}} : tensor<113x48x14x32xf32>)
+        # CHECK-SAME:      distribution = [38, 1, 0, 0, 0], vector_common_parallel = [1, 1, 14, 32, 0], vector_reduction = [0, 0, 0, 0, 1]
+        # CHECK-NOT:     linalg.unpack
+        # CHECK:         return %[[C]] : tensor<113x48x14x32xf32>
+        # CHECK-LABEL: func.func private @tori_packed_mm_1576x1536x384_nk_14x32_tiledin
+        # CHECK:         %[[X:.+]] = linalg.transpose ins(%arg0 : tensor<113x48x14x32xf32>) outs(%{{.+}} : tensor<113x48x32x14xf32>) permutation = [0, 1, 3, 2]
+        # CHECK:         %[[X3:.+]] = tensor.collapse_shape %[[X]] {{\\[}}[0], [1, 2], [3]] : tensor<113x48x32x14xf32> into tensor<113x1536x14xf32>
+        # CHECK:         %[[X4:.+]] = tensor.expand_shape %[[X3]] {{\\[}}[0], [1], [2, 3]] output_shape [113, 1536, 14, 1]
+        # CHECK-NOT:     linalg.pack %arg0
+        # CHECK:         linalg.mmt4d {{.+}} ins(%[[X4]], %{{.+}} : tensor<113x1536x14x1xf32>, tensor<12x1536x32x1xf32>)
+        # CHECK:         linalg.unpack {{.+}} -> tensor<1576x384xf32>
+    """)
+
+
+def test_a_gated_hidden_layer_has_two_matmuls_in_tiles(filecheck):
+    # Llama's MLP: silu(x @ gate) * (x @ up), then down.
+    m, k, n = 512, 256, 512
+    x, w, h = t(m, k), t(n, k), t(m, n)
+    filecheck(f"""
+        func.func @gated(%arg0: {x}, %arg1: {w}, %arg2: {w}, %arg3: {t(k, n)}) -> {x} {{
+          {DIMS}
+          %g = torch.aten.permute %arg1, %dims : {w}, !torch.list<int> -> {t(k, n)}
+          %u = torch.aten.permute %arg2, %dims : {w}, !torch.list<int> -> {t(k, n)}
+          %d = torch.aten.permute %arg3, %dims : {t(k, n)}, !torch.list<int> -> {t(n, k)}
+          %0 = torch.aten.mm %arg0, %g : {x}, {t(k, n)} -> {h}
+          %1 = torch.aten.silu %0 : {h} -> {h}
+          %2 = torch.aten.mm %arg0, %u : {x}, {t(k, n)} -> {h}
+          %3 = torch.aten.mul.Tensor %1, %2 : {h}, {h} -> {h}
+          %4 = torch.aten.mm %3, %d : {h}, {t(n, k)} -> {x}
+          %5 = torch.aten.relu %4 : {x} -> {x}
+          return %5 : {x}
+        }}
+    """, """
+        # CHECK-LABEL: func.func @gated
+        # CHECK:         call @tori_packed_mm_512x256x512_nk_12x32_tiledout(
+        # CHECK:         torch.aten.silu %{{.+}} : !torch.vtensor<[43,16,12,32],f32>
+        # CHECK:         call @tori_packed_mm_512x256x512_nk_12x32_tiledout(
+        # CHECK:         torch.aten.mul.Tensor %{{.+}}, %{{.+}} : !torch.vtensor<[43,16,12,32],f32>, !torch.vtensor<[43,16,12,32],f32>
+        # CHECK:         call @tori_packed_mm_512x512x256_nk_12x32_tiledin(
+    """)
+
+
+def test_hidden_layers_read_elsewhere_or_off_the_tiles_are_unpacked(filecheck):
+    # The hidden layer also returned; 1000 hidden columns (31.25 tiles); an operand of
+    # one value per row ([m, 1]) that the tiles cannot broadcast; a residual [m, n].
+    m, k = 1576, 384
+    h3, h = t(1, m, 1536), t(m, 1536)
+    returned = mlp(m, k, 1536, returned=h3).replace("@mlp", "@returned")
+    odd = mlp(m, k, 1000).replace("@mlp", "@odd")
+    rows = mlp(m, k, 1536, tail=f"%h = torch.aten.mul.Tensor %4, %arg4 : {h3}, {t(1, m, 1)} -> {h3}",
+               extra_args=f", %arg4: {t(1, m, 1)}").replace("@mlp", "@rows")
+    residual = mlp(m, k, 1536, tail=f"%h = torch.aten.add.Tensor %4, %arg4, %int1_0 : {h3}, {h3}, !torch.int -> {h3}",
+                   extra_args=f", %arg4: {h3}").replace("@mlp", "@residual")
+    output = filecheck(returned + odd + rows + residual, """
+        # CHECK-LABEL: func.func @returned
+        # CHECK:         call @tori_packed_mm_1576x384x1536_nk_14x32(
+        # CHECK:         call @tori_packed_mm_1576x1536x384_nk_14x32(
+        # CHECK-LABEL: func.func @odd
+        # CHECK:         call @tori_packed_mm_1576x384x1000_nk_14x32(
+        # CHECK:         call @tori_packed_mm_1576x1000x384_nk_14x32(
+        # CHECK-LABEL: func.func @rows
+        # CHECK:         call @tori_packed_mm_1576x384x1536_nk_14x32(
+        # CHECK-LABEL: func.func @residual
+        # CHECK:         call @tori_packed_mm_1576x384x1536_nk_14x32(
+    """)
+    assert "tiled" not in output

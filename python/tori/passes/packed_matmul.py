@@ -52,6 +52,12 @@ tiles and 43-47 to unpack; written in their layout in 8x32 tiles 167, nothing af
 sequences 329.7 -> 317.3 ms, at one 50.9 -> 47.7 (docs/performance.md). A tile that
 pads the result cannot: its slice back to [M, N] was a copy of the same size.
 
+A chain of matmuls (passes/packed_chains.py: a matmul whose result reaches another's
+left operand only through elementwise ops, a transformer's MLP) keeps the result in its
+tiles: the first matmul is a contraction over the packed operands into [M / rows,
+N / cols, rows, cols] (`tiled_result`), which IREE fuses the elementwise ops into, and
+the second transposes each tile into its packed left operand (`tiled_left`).
+
 Never changes: batched matmuls, matmuls of fewer rows (a decoding step's), matmuls
 whose left operand a convolution computes (CONVOLUTION_DEPTH) or, elementwise, a matmul
 left to IREE's data tiling (DATA_TILED_DEPTH), dynamic shapes, other element types, and
@@ -71,13 +77,14 @@ becomes
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from torch_mlir import ir
 
 from tori.passes.builtin_calls import (builtin_tensor, call_private_function, f32_shape, int_pair, located,
                                       ops_named, owner_named)
 from tori.passes.matching import users
+from tori.passes.packed_chains import Chain, chain_into, retile
 from tori.passes.registry import register_pass
 from tori.targets.kernel_configs import cpu_compilation_info
 
@@ -187,6 +194,12 @@ class PackedMatmul:
     cols: int          # the tile's columns of the right operand
     weight_nk: bool    # the right operand given as its [N, K] transpose
     direct: bool = False  # the result written as [M, N] lies (`direct_tile`), not unpacked
+    # the left operand given as a chain's packed tiles [M / rows, K / cols, rows, cols]
+    # (passes/packed_chains.py), transposed into the left operand's layout
+    tiled_left: bool = False
+    # the result left in its tiles [M / rows, N / cols, rows, cols] for a chain's
+    # elementwise ops, computed by a contraction IREE fuses them into
+    tiled_result: bool = False
 
     @property
     def distribution(self) -> tuple[int, int]:
@@ -201,10 +214,10 @@ class PackedMatmul:
 
     def _compilation_info(self) -> str:
         """IREE's configuration of the mmt4d: its own pipeline and vector tiles, with
-        `distribution`'s workgroups; of the direct form's contraction (loops: row tiles,
-        column tiles, rows, columns, reduction), the same tiles."""
+        `distribution`'s workgroups; of the direct and tiled results' contraction (loops:
+        row tiles, column tiles, rows, columns, reduction), the same tiles."""
         rows, cols = self.distribution
-        if self.direct:
+        if self.direct or self.tiled_result:
             return cpu_compilation_info((rows, cols, 0, 0, 0), (1, 1, self.rows, self.cols, 0), (0, 0, 0, 0, 1))
         return cpu_compilation_info((rows, cols, 0, 0, 0, 0), (1, 1, 0, self.rows, self.cols, 0), (0, 0, 1, 0, 0, 1),
                                     pipeline="Mmt4dTilingExpert")
@@ -213,13 +226,16 @@ class PackedMatmul:
     def name(self) -> str:
         layout = "_nk" if self.weight_nk else ""
         direct = "_direct" if self.direct else ""
-        return f"tori_packed_mm_{self.m}x{self.k}x{self.n}{layout}_{self.rows}x{self.cols}{direct}"
+        tiles = ("_tiledin" if self.tiled_left else "") + ("_tiledout" if self.tiled_result else "")
+        return f"tori_packed_mm_{self.m}x{self.k}x{self.n}{layout}_{self.rows}x{self.cols}{direct}{tiles}"
 
     def function(self, location: str = "") -> str:
         """The private function's MLIR text; its ops carry `location` (the matmul's,
         printed), so that IREE's dispatches name the torch op they compute."""
         m, k, n, rows, cols = self.m, self.k, self.n, self.rows, self.cols
         m1, n1 = -(-m // rows), -(-n // cols)
+        left = builtin_tensor(m1, k // cols, rows, cols) if self.tiled_left else builtin_tensor(m, k)
+        result = builtin_tensor(m1, n1, rows, cols) if self.tiled_result else builtin_tensor(m, n)
         right = builtin_tensor(n, k) if self.weight_nk else builtin_tensor(k, n)
         # [N, K] row blocks as they lie; [K, N] column blocks, transposed as packed
         right_dims = "inner_dims_pos = [0, 1]" if self.weight_nk else \
@@ -227,33 +243,54 @@ class PackedMatmul:
         packed_left, packed_right, packed_out = builtin_tensor(m1, k, rows, 1), builtin_tensor(n1, k, cols, 1), \
             builtin_tensor(m1, n1, rows, cols)
         ops = [
-            f"func.func private @{self.name}(%x: {builtin_tensor(m, k)}, %w: {right}) -> {builtin_tensor(m, n)} {{",
+            f"func.func private @{self.name}(%x: {left}, %w: {right}) -> {result} {{",
             "  %zero = arith.constant 0.0 : f32",
-            f"  %a0 = tensor.empty() : {packed_left}",
-            f"  %a = linalg.pack %x padding_value(%zero : f32) inner_dims_pos = [0, 1] inner_tiles = [{rows}, 1] "
-            f"into %a0 : {builtin_tensor(m, k)} -> {packed_left}",
+            *(self._left_from_tiles() if self.tiled_left else [
+                f"  %a0 = tensor.empty() : {packed_left}",
+                f"  %a = linalg.pack %x padding_value(%zero : f32) inner_dims_pos = [0, 1] inner_tiles = [{rows}, 1] "
+                f"into %a0 : {builtin_tensor(m, k)} -> {packed_left}"]),
             f"  %b0 = tensor.empty() : {packed_right}",
             f"  %b = linalg.pack %w padding_value(%zero : f32) {right_dims} inner_tiles = [{cols}, 1] "
             f"into %b0 : {right} -> {packed_right}",
         ]
-        ops += self._direct_product(m1, n1) if self.direct else [
-            f"  %c0 = tensor.empty() : {packed_out}",
-            f"  %c1 = linalg.fill ins(%zero : f32) outs(%c0 : {packed_out}) -> {packed_out}",
-            f"  %c = linalg.mmt4d {{compilation_info = {self._compilation_info()}}} ins(%a, %b : {packed_left}, {packed_right}) outs(%c1 : {packed_out}) -> {packed_out}",
-            f"  %y0 = tensor.empty() : {builtin_tensor(m, n)}",
-            f"  %y = linalg.unpack %c inner_dims_pos = [0, 1] inner_tiles = [{rows}, {cols}] into %y0 "
-            f": {packed_out} -> {builtin_tensor(m, n)}",
-        ]
-        ops += [f"  return %y : {builtin_tensor(m, n)}", "}"]
+        if self.direct:
+            ops += self._contraction(m1, n1, "i, r, j, c", builtin_tensor(m1, rows, n1, cols)) + [
+                f"  %y = tensor.collapse_shape %c [[0, 1], [2, 3]] : {builtin_tensor(m1, rows, n1, cols)} "
+                f"into {result}"]
+        elif self.tiled_result:
+            ops += self._contraction(m1, n1, "i, j, r, c", packed_out)
+        else:
+            ops += [
+                f"  %c0 = tensor.empty() : {packed_out}",
+                f"  %c1 = linalg.fill ins(%zero : f32) outs(%c0 : {packed_out}) -> {packed_out}",
+                f"  %c = linalg.mmt4d {{compilation_info = {self._compilation_info()}}} ins(%a, %b : {packed_left}, {packed_right}) outs(%c1 : {packed_out}) -> {packed_out}",
+                f"  %y0 = tensor.empty() : {result}",
+                f"  %y = linalg.unpack %c inner_dims_pos = [0, 1] inner_tiles = [{rows}, {cols}] into %y0 "
+                f": {packed_out} -> {result}",
+            ]
+        ops += [f"  return {'%c' if self.tiled_result else '%y'} : {result}", "}"]
         return located(ops, location)
 
-    def _direct_product(self, m1: int, n1: int) -> list[str]:
-        """The direct form's ops after the packs: the contraction of the packed operands
-        %a and %b into [M / rows, rows, N / cols, cols], collapsed into %y, [M, N]."""
+    def _left_from_tiles(self) -> list[str]:
+        """%a, the left operand packed [M / rows, K, rows, 1], from the chain's tiles %x
+        [M / rows, K / cols, rows, cols]: each tile transposed, its columns in turn."""
+        m1, k1, rows, cols = -(-self.m // self.rows), self.k // self.cols, self.rows, self.cols
+        tiles, turned = builtin_tensor(m1, k1, rows, cols), builtin_tensor(m1, k1, cols, rows)
+        return [
+            f"  %xt0 = tensor.empty() : {turned}",
+            f"  %xt = linalg.transpose ins(%x : {tiles}) outs(%xt0 : {turned}) permutation = [0, 1, 3, 2]",
+            f"  %x3 = tensor.collapse_shape %xt [[0], [1, 2], [3]] : {turned} into {builtin_tensor(m1, self.k, rows)}",
+            f"  %a = tensor.expand_shape %x3 [[0], [1], [2, 3]] output_shape [{m1}, {self.k}, {rows}, 1] "
+            f": {builtin_tensor(m1, self.k, rows)} into {builtin_tensor(m1, self.k, rows, 1)}",
+        ]
+
+    def _contraction(self, m1: int, n1: int, out_dims: str, out: str) -> list[str]:
+        """%c, the contraction of the packed operands %a and %b as a `linalg.generic`
+        (loops i, j, r, c, k: row tiles, column tiles, rows, columns, reduction) into
+        `out` indexed by `out_dims`: IREE fuses the elementwise ops that read it."""
         k, rows, cols = self.k, self.rows, self.cols
         left, right = builtin_tensor(m1, k, rows), builtin_tensor(n1, k, cols)
-        out = builtin_tensor(m1, rows, n1, cols)
-        maps = ", ".join(f"affine_map<(i, j, r, c, k) -> ({dims})>" for dims in ("i, k, r", "j, k, c", "i, r, j, c"))
+        maps = ", ".join(f"affine_map<(i, j, r, c, k) -> ({dims})>" for dims in ("i, k, r", "j, k, c", out_dims))
         return [
             f"  %a3 = tensor.collapse_shape %a [[0], [1], [2, 3]] : {builtin_tensor(m1, k, rows, 1)} into {left}",
             f"  %b3 = tensor.collapse_shape %b [[0], [1], [2, 3]] : {builtin_tensor(n1, k, cols, 1)} into {right}",
@@ -267,7 +304,6 @@ class PackedMatmul:
             "    %s = arith.addf %acc, %t : f32",
             "    linalg.yield %s : f32",
             f"  }} -> {out}",
-            f"  %y = tensor.collapse_shape %c [[0, 1], [2, 3]] : {out} into {builtin_tensor(self.m, self.n)}",
         ]
 
 
@@ -387,41 +423,88 @@ def _fed_by_convolution(value: ir.Value) -> bool:
         op.name == "func.call" and str(op.attributes["callee"]).startswith("@tori_depthwise_")))
 
 
-def _fed_by_data_tiled_matmul(value: ir.Value) -> bool:
-    """Whether a matmul this pass left to IREE's data tiling (a `torch.aten.mm` still,
-    the matmuls before this one being rewritten already) computes `value` elementwise
-    (DATA_TILED_DEPTH)."""
-    return _computed_by(value, DATA_TILED_DEPTH, lambda op: op.name == "torch.aten.mm", same_size=True)
+def _fed_by_data_tiled_matmul(value: ir.Value, rewritten: frozenset[int] = frozenset()) -> bool:
+    """Whether a matmul this pass leaves to IREE's data tiling (a `torch.aten.mm` not
+    in `rewritten`, the hashes of those the pass rewrites before this one) computes
+    `value` elementwise (DATA_TILED_DEPTH)."""
+    return _computed_by(value, DATA_TILED_DEPTH, lambda op: op.name == "torch.aten.mm" and hash(op) not in rewritten,
+                        same_size=True)
 
 
-def matmul_form(op: ir.Operation, rows: int, cols: int) -> tuple[PackedMatmul, list[ir.Value]] | None:
-    """The form of a `torch.aten.mm` this pass rewrites and the function's operands, else None."""
+def matmul_form(op: ir.Operation, rows: int, cols: int,
+                rewritten: frozenset[int] = frozenset()) -> tuple[PackedMatmul, list[ir.Value]] | None:
+    """The form of a `torch.aten.mm` this pass rewrites and the function's operands,
+    else None; `rewritten`: the matmuls (hashes) the pass rewrites before this one."""
     dims = _matmul_dims(op) if rows > 0 and cols > 0 else None
     if dims is None:
         return None
     m, k, n = dims
     x, right = op.operands
     if m < rows or n < cols or not packable(m, k, n) or _fed_by_convolution(x) \
-            or _fed_by_data_tiled_matmul(x):
+            or _fed_by_data_tiled_matmul(x, rewritten):
         return None
-    weight = _transposed(right)
     direct_rows = direct_tile(m, n, rows, cols) if _returned(op.results[0]) else None
-    form = PackedMatmul(m, k, n, direct_rows or tile_rows(m, rows), cols, weight_nk=weight is not None,
+    form = PackedMatmul(m, k, n, direct_rows or tile_rows(m, rows), cols, weight_nk=_transposed(right) is not None,
                         direct=direct_rows is not None)
-    return form, [x, weight if weight is not None else right]
+    return form, _operands(op)
+
+
+def _operands(op: ir.Operation) -> list[ir.Value]:
+    """A packed matmul function's operands: the left operand, and the right one or the
+    [N, K] weight it is the transpose of."""
+    x, right = op.operands
+    weight = _transposed(right)
+    return [x, weight if weight is not None else right]
+
+
+def planned_forms(matmuls: list[ir.Operation], rows: int, cols: int) -> dict[int, PackedMatmul | ShallowMatmul]:
+    """The form of each matmul of `matmuls` (in order) that the pass rewrites, by index:
+    packed (`matmul_form`) or shallow (`shallow_form`)."""
+    forms, rewritten = {}, set()
+    for i, mm in enumerate(matmuls):
+        found = matmul_form(mm, rows, cols, frozenset(rewritten))
+        form = found[0] if found is not None else (shallow_form(mm) if rows > 0 else None)
+        if form is not None:
+            forms[i] = form
+            rewritten.add(hash(mm))
+    return forms
+
+
+def chain_forms(matmuls: list[ir.Operation], forms: dict[int, PackedMatmul | ShallowMatmul], cols: int) -> list[Chain]:
+    """The chains (passes/packed_chains.py) into `matmuls` whose matmuls all have packed
+    forms of the same tile rows, N a multiple of `cols`; their forms in `forms` become
+    the leaves' with `tiled_result`, the consumers' with `tiled_left`."""
+    chains = []
+    index = {hash(mm): i for i, mm in enumerate(matmuls)}
+    for i, consumer in enumerate(matmuls):
+        form = forms.get(i)
+        chain = chain_into(consumer) if isinstance(form, PackedMatmul) else None
+        if chain is None or chain.n % cols:
+            continue
+        leaves = [index[hash(leaf)] for leaf in chain.leaves]
+        if not all(isinstance(forms.get(j), PackedMatmul) and not forms[j].direct and forms[j].rows == form.rows
+                   for j in leaves):
+            continue
+        chains.append(chain)
+        for j in leaves:
+            forms[j] = replace(forms[j], tiled_result=True)
+        forms[i] = replace(forms[i], tiled_left=True)
+    return chains
 
 
 @register_pass(PASS_NAME)
 def packed_matmul(op: ir.Operation, pass_: object, *, rows: int = 0, cols: int = 0) -> None:
     """Rewrite each float32 matmul large enough (`packable`) into packed tiles of
-    `rows` x `cols`, and each shallow one (`shallow_form`) into tori's unpacked tiles
-    (`rows=0`: nothing changes)."""
-    for mm in ops_named(op, "torch.aten.mm"):
-        found = matmul_form(mm, rows, cols)
-        if found is not None:
-            form, operands = found
-        elif rows > 0 and (shallow := shallow_form(mm)) is not None:
-            form, operands = shallow, list(mm.operands)
-        else:
-            continue
-        call_private_function(op, mm, form.name, form.function(str(mm.location)), operands, [ir.F32Type.get()] * 2)
+    `rows` x `cols`, chains of them (`chain_forms`) keeping their tiles between them,
+    and each shallow one (`shallow_form`) into tori's unpacked tiles (`rows=0`: nothing
+    changes)."""
+    matmuls = ops_named(op, "torch.aten.mm")
+    forms = planned_forms(matmuls, rows, cols)
+    for chain in chain_forms(matmuls, forms, cols):
+        retile(chain, forms[matmuls.index(chain.consumer)].rows, cols)
+    for i, mm in enumerate(matmuls):
+        if i in forms:
+            # operands read as each matmul is replaced: an earlier one's result has gone
+            operands = _operands(mm) if isinstance(forms[i], PackedMatmul) else list(mm.operands)
+            call_private_function(op, mm, forms[i].name, forms[i].function(str(mm.location)), operands,
+                                  [ir.F32Type.get()] * 2)
