@@ -21,6 +21,7 @@ from tori.passes.registry import (  # noqa: F401
 
 # Each pass module registers itself on import.
 from tori.passes import depthwise_nhwc  # noqa: E402,F401
+from tori.passes import erf_polynomial  # noqa: E402,F401
 from tori.passes import fold_constants  # noqa: E402,F401
 from tori.passes import fold_empty  # noqa: E402,F401
 from tori.passes import int8_weight_matmul  # noqa: E402,F401

@@ -24,6 +24,7 @@ from torch_mlir import ir
 from tori.dialects.tori import OP_NAMES
 from tori.errors import CompileError
 from tori.passes.depthwise_nhwc import PASS_NAME as DEPTHWISE_PASS
+from tori.passes.erf_polynomial import PASS_NAME as ERF_PASS
 from tori.passes.int8_weight_matmul import PASS_NAME as INT8_WEIGHT_PASS
 from tori.passes.materialize_masks import PASS_NAME as MASKS_PASS
 from tori.passes.matching import walk
@@ -86,10 +87,11 @@ def lower_for_iree(module: ir.Module, options, *, graph: str = "", text: str | N
     against widened int8 weights one contraction (tori-int8-weight-matmul) and 16-bit
     float contractions float32 operands where the CPU has no arithmetic for them
     (tori-widen-16-bit), float tensors selected by boolean inputs dispatches of their
-    own (tori-materialize-masks), and float32 matmuls tori's packed tiles
-    (tori-packed-matmul), whatever the user's pipeline. `codegen` is the graph's
+    own (tori-materialize-masks), float32 matmuls tori's packed tiles
+    (tori-packed-matmul), and erf one polynomial (tori-erf-polynomial), whatever the
+    user's pipeline. `codegen` is the graph's
     targets.codegen.Strategy (None: IREE's defaults): its rules for `options.target`
-    give the packed tile and whether the convolutions are channels last. The last six apply where every target of `options`
+    give the packed tile and whether the convolutions are channels last. The last seven apply where every target of `options`
     (tori Options) is a CPU (the contractions may then carry IREE's CPU tiling and data
     tiling). `text`: the module printed, where the caller has it (`run_pipeline`)."""
     from tori.targets.build import compiled_targets, cpu_only
@@ -111,8 +113,9 @@ def lower_for_iree(module: ir.Module, options, *, graph: str = "", text: str | N
     rows, cols = codegen.packed_tile(options.target) if only_cpu and codegen is not None else (0, 0)
     packed = f"{PACKED_PASS}{{rows={rows} cols={cols}}}"
     attention = f"{ATTENTION_PASS}{{lanes={packed_attention_lanes(options)}}}"
+    erf = f"{ERF_PASS}{{cpu={str(only_cpu).lower()}}}"
     run_pipeline(module, f"{PASS_NAME}, {DEPTHWISE_PASS}, {pooling}, {attention}, {reductions}, {int8}, {widen}, "
-                 f"{masks}, {packed}", graph=graph, text=text)
+                 f"{masks}, {packed}, {erf}", graph=graph, text=text)
     check_lowered(module, graph=graph)
 
 
