@@ -397,13 +397,14 @@ def test_a_matmul_after_one_left_to_iree_data_tiling_is_left_to_it_too(filecheck
 
 
 def mlp(m: int, k: int, n: int, tail: str = "", extra_args: str = "", returned: str = "") -> str:
-    """`@mlp`: a linear layer [m, k] -> [m, n] viewed as [1, m, n], its bias added and
-    a ReLU applied, viewed back and multiplied by an [n, k] weight's transpose, a ReLU
-    after it; `tail`: ops in place of the first ReLU reading %4 ([1, m, n]), the last
-    of them %h; `returned`: %h's type, %h also returned."""
+    """`@mlp`: a linear layer [m, k] -> [m, n] viewed as [1, m, n], its bias added, x *
+    relu(x) of it, viewed back and multiplied by an [n, k] weight's transpose, a ReLU
+    after it; `tail`: ops in place of x * relu(x) reading %4 ([1, m, n]), the last of
+    them %h; `returned`: %h's type, %h also returned."""
     x, w1, w2 = t(m, k), t(n, k), t(k, n)
     h, h3 = t(m, n), t(1, m, n)
-    tail = tail or f"%h = torch.aten.relu %4 : {h3} -> {h3}"
+    tail = tail or f"""%r = torch.aten.relu %4 : {h3} -> {h3}
+          %h = torch.aten.mul.Tensor %r, %4 : {h3}, {h3} -> {h3}"""
     return f"""
         func.func @mlp(%arg0: {x}, %arg1: {w1}, %arg2: {t(n)}, %arg3: {w2}{extra_args}) -> ({t(m, k)}{returned and ', ' + returned}) {{
           {DIMS}
@@ -430,8 +431,8 @@ def mlp(m: int, k: int, n: int, tail: str = "", extra_args: str = "", returned: 
 def test_a_hidden_layer_stays_in_its_tiles_between_two_matmuls(filecheck):
     # DeiT-small's MLP at 8 images: 1576 rows in 113 tiles of 14, 1536 hidden columns in
     # 48 tiles of 32. The first matmul's result stays [113, 48, 14, 32]; the bias is
-    # viewed [48, 1, 32], the views and the clone go, the ReLU runs on the tiles, and the
-    # second matmul transposes each tile into its left operand's layout.
+    # viewed [48, 1, 32], the views and the clone go, x * relu(x) runs on the tiles, and
+    # the second matmul transposes each tile into its left operand's layout.
     filecheck(mlp(1576, 384, 1536), """
         # CHECK-DAG:   #[[LEFT:map[0-9]*]] = affine_map<(d0, d1, d2, d3, d4) -> (d0, d4, d2)>
         # CHECK-DAG:   #[[RIGHT:map[0-9]*]] = affine_map<(d0, d1, d2, d3, d4) -> (d1, d4, d3)>
@@ -444,7 +445,8 @@ def test_a_hidden_layer_stays_in_its_tiles_between_two_matmuls(filecheck):
         # CHECK:         %[[S:.+]] = torch.aten.add.Tensor %[[T]], %[[B]], %{{.+}} : !torch.vtensor<[113,48,14,32],f32>, !torch.vtensor<[48,1,32],f32>, !torch.int -> !torch.vtensor<[113,48,14,32],f32>
         # CHECK-NOT:     torch.aten.clone
         # CHECK:         %[[R:.+]] = torch.aten.relu %[[S]] : !torch.vtensor<[113,48,14,32],f32> -> !torch.vtensor<[113,48,14,32],f32>
-        # CHECK:         %[[L:.+]] = "torch_c.to_builtin_tensor"(%[[R]])
+        # CHECK:         %[[P:.+]] = torch.aten.mul.Tensor %[[R]], %[[S]] : !torch.vtensor<[113,48,14,32],f32>, !torch.vtensor<[113,48,14,32],f32>
+        # CHECK:         %[[L:.+]] = "torch_c.to_builtin_tensor"(%[[P]])
         # CHECK:         call @tori_packed_mm_1576x1536x384_nk_14x32_tiledin(%[[L]], %{{.+}}) : (tensor<113x48x14x32xf32>, tensor<384x1536xf32>) -> tensor<1576x384xf32>
         # CHECK-NOT:     torch.aten.mm
         # CHECK-LABEL: func.func private @tori_packed_mm_1576x384x1536_nk_14x32_tiledout
@@ -496,7 +498,8 @@ def test_a_gated_hidden_layer_has_two_matmuls_in_tiles(filecheck):
 
 def test_hidden_layers_read_elsewhere_or_off_the_tiles_are_unpacked(filecheck):
     # The hidden layer also returned; 1000 hidden columns (31.25 tiles); an operand of
-    # one value per row ([m, 1]) that the tiles cannot broadcast; a residual [m, n].
+    # one value per row ([m, 1]) that the tiles cannot broadcast; a residual [m, n]; a
+    # ReLU alone.
     m, k = 1576, 384
     h3, h = t(1, m, 1536), t(m, 1536)
     returned = mlp(m, k, 1536, returned=h3).replace("@mlp", "@returned")
@@ -505,7 +508,10 @@ def test_hidden_layers_read_elsewhere_or_off_the_tiles_are_unpacked(filecheck):
                extra_args=f", %arg4: {t(1, m, 1)}").replace("@mlp", "@rows")
     residual = mlp(m, k, 1536, tail=f"%h = torch.aten.add.Tensor %4, %arg4, %int1_0 : {h3}, {h3}, !torch.int -> {h3}",
                    extra_args=f", %arg4: {h3}").replace("@mlp", "@residual")
-    output = filecheck(returned + odd + rows + residual, """
+    # A last op of one value of the chain (T5's ReLU): IREE's transpose propagation
+    # would fold the transposition into the contraction, without tori's configuration.
+    unary = mlp(m, k, 1536, tail=f"%h = torch.aten.relu %4 : {h3} -> {h3}").replace("@mlp", "@unary")
+    output = filecheck(returned + odd + rows + residual + unary, """
         # CHECK-LABEL: func.func @returned
         # CHECK:         call @tori_packed_mm_1576x384x1536_nk_14x32(
         # CHECK:         call @tori_packed_mm_1576x1536x384_nk_14x32(
@@ -515,6 +521,8 @@ def test_hidden_layers_read_elsewhere_or_off_the_tiles_are_unpacked(filecheck):
         # CHECK-LABEL: func.func @rows
         # CHECK:         call @tori_packed_mm_1576x384x1536_nk_14x32(
         # CHECK-LABEL: func.func @residual
+        # CHECK:         call @tori_packed_mm_1576x384x1536_nk_14x32(
+        # CHECK-LABEL: func.func @unary
         # CHECK:         call @tori_packed_mm_1576x384x1536_nk_14x32(
     """)
     assert "tiled" not in output

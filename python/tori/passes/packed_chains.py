@@ -22,7 +22,8 @@ A chain: a float32 `torch.aten.mm` (the consumer) whose left operand [M, N] is c
 from one or more `torch.aten.mm` results (the leaves, [M, N] each) by ops of
 EPILOGUE_OPS, each of result [M, N], whose other tensor operands are scalars (0-d, [1])
 or columns' values ([N] or [1, N]); the leaves' results and the ops' results used by
-nothing outside the chain, N a multiple of `cols`. Which matmuls the packed forms take
+nothing outside the chain, N a multiple of `cols`, and the last op reading two values
+of the chain (`_joins_two_values`). Which matmuls the packed forms take
 (the same tile rows for all) is tori-packed-matmul's decision; this module finds chains
 and rewrites the elementwise ops' types and operands.
 """
@@ -90,7 +91,7 @@ def chain_into(consumer: ir.Operation) -> Chain | None:
         return all(_broadcast_shape(operand, n) is not None or visit(operand) for operand in owner.operands
                    if str(operand.type).startswith("!torch.vtensor"))
 
-    if not visit(left) or not leaves:
+    if not visit(left) or not leaves or not _joins_two_values(left, inside, leaves):
         return None
     for op in (*leaves.values(), *inside.values()):
         for use in op.results[0].uses:
@@ -100,6 +101,22 @@ def chain_into(consumer: ir.Operation) -> Chain | None:
     ops = list(inside.values())
     return Chain(list(leaves.values()), [op for op in ops if op.name in EPILOGUE_OPS],
                  [op for op in ops if op.name in PASSTHROUGH_OPS], consumer, m, n)
+
+
+def _joins_two_values(value: ir.Value, inside: dict[int, ir.Operation], leaves: dict[int, ir.Operation]) -> bool:
+    """Whether the op that computes the consumer's left operand (views and clones
+    aside) reads two different values of the chain (GELU's last product, a gated
+    layer's): IREE's transpose propagation moves the consumer's transposition of the
+    tiles through an op with one such operand into the contraction itself, a new op
+    without tori's configuration (T5's ReLU: 6 GFLOP/s, the model 10x slower)."""
+    owner = getattr(value.owner, "operation", value.owner)
+    while owner.name in PASSTHROUGH_OPS:
+        owner = getattr(owner.operands[0].owner, "operation", owner.operands[0].owner)
+    if owner.name not in EPILOGUE_OPS:
+        return False
+    chained = {hash(getattr(v.owner, "operation", v.owner)) for v in owner.operands
+               if str(v.type).startswith("!torch.vtensor")} & (set(inside) | set(leaves))
+    return len(chained) >= 2
 
 
 def _broadcast_shape(value: ir.Value, n: int) -> tuple[int, ...] | None:
